@@ -1,0 +1,155 @@
+// Package kb is kiln's knowledge base: facts about GPUs, links, drivers and
+// error codes, kept as embedded data files (kb/data/*.yaml) where every row
+// names its source. Code looks facts up here instead of branching on model
+// names, so a new GPU or a new driver release is a data change.
+package kb
+
+import (
+	"embed"
+	"fmt"
+	"sync"
+
+	"sigs.k8s.io/yaml"
+)
+
+//go:embed data/*.yaml
+var dataFS embed.FS
+
+// KB holds every table. The zero value is empty; use Default.
+type KB struct {
+	GPUs          []GPUModel     `json:"gpus"`
+	PCIe          []PCIeGen      `json:"pcie"`
+	Interconnects []Interconnect `json:"interconnects"`
+	CUDA          []CUDARelease  `json:"cuda"`
+	XIDs          []XID          `json:"xids"`
+}
+
+// GPUModel is one GPU model (one PCI device id, or one marketing name).
+type GPUModel struct {
+	// Name is kiln's normal form ("H100-SXM5-80GB").
+	Name   string `json:"name"`
+	Vendor string `json:"vendor"` // nvidia, amd, intel
+	// DeviceIDs are PCI device ids (lowercase hex, "2330"); several SKUs may share a row.
+	DeviceIDs []string `json:"device_ids,omitempty"`
+	// Match are substrings of the names tools print ("H100 80GB HBM3").
+	Match []string `json:"match,omitempty"`
+	// Class: datacenter, workstation, consumer.
+	Class             string  `json:"class"`
+	Architecture      string  `json:"architecture,omitempty"`
+	ComputeCapability string  `json:"compute_capability,omitempty"`
+	GFXTarget         string  `json:"gfx_target,omitempty"`
+	MemoryGB          float64 `json:"memory_gb,omitempty"`
+	MemoryBandwidthGBps float64 `json:"memory_bandwidth_gbps,omitempty"`
+	PCIeGen           int     `json:"pcie_gen,omitempty"`
+	PCIeWidth         int     `json:"pcie_width,omitempty"`
+	// Interconnect is the GPU-to-GPU link kind ("nvlink", "xgmi") and
+	// version, and how many links one GPU has.
+	Interconnect     string `json:"interconnect,omitempty"`
+	InterconnectGen  int    `json:"interconnect_gen,omitempty"`
+	InterconnectLinks int   `json:"interconnect_links,omitempty"`
+	ECC              bool   `json:"ecc,omitempty"`
+	MIG              bool   `json:"mig,omitempty"`
+	// NVSwitch is true for boards whose GPUs meet through NVSwitches (HGX),
+	// which need the fabric manager.
+	NVSwitch   bool    `json:"nvswitch,omitempty"`
+	TDPW       float64 `json:"tdp_w,omitempty"`
+	// Thermal limits where the vendor publishes them.
+	MaxTempC   float64 `json:"max_temp_c,omitempty"`
+	Source     string  `json:"source"`
+}
+
+// PCIeGen is one PCIe generation's per-lane rate.
+type PCIeGen struct {
+	Gen int `json:"gen"`
+	// GTps is the raw transfer rate per lane.
+	GTps float64 `json:"gtps"`
+	// GBpsPerLaneUni is the usable rate per lane per direction after line
+	// encoding, in GB/s.
+	GBpsPerLaneUni float64 `json:"gbps_per_lane_uni"`
+	Encoding       string  `json:"encoding"`
+	Source         string  `json:"source"`
+}
+
+// Interconnect is one GPU-to-GPU link generation.
+type Interconnect struct {
+	Kind string `json:"kind"` // nvlink, xgmi
+	Gen  int    `json:"gen"`
+	// GBpsPerLinkUni is one link's bandwidth per direction in GB/s.
+	GBpsPerLinkUni float64 `json:"gbps_per_link_uni"`
+	Source         string  `json:"source"`
+}
+
+// CUDARelease is one CUDA toolkit release and the drivers it needs.
+type CUDARelease struct {
+	Version string `json:"version"` // "12.4" or "12.4.1"
+	// MinDriverLinux is the toolkit's own minimum driver ("550.54.14").
+	MinDriverLinux string `json:"min_driver_linux"`
+	// MinorCompatDriver is the lowest driver that runs it under minor-version
+	// compatibility ("525.60.13" for 12.x).
+	MinorCompatDriver string `json:"minor_compat_driver,omitempty"`
+	Source            string `json:"source"`
+}
+
+// XID is one NVIDIA Xid code.
+type XID struct {
+	Code     int    `json:"code"`
+	Mnemonic string `json:"mnemonic"`
+	Meaning  string `json:"meaning"`
+	// Severity kiln gives the finding: critical (hardware, needs reset or
+	// RMA), warning (application class), info.
+	Severity string `json:"severity"`
+	// Action is NVIDIA's immediate resolution bucket (RESTART_APP, RESET_GPU, RESTART_BM ...).
+	Action string `json:"action"`
+	// Remedy in words for the report.
+	Remedy string `json:"remedy"`
+	Source string `json:"source"`
+}
+
+var (
+	defaultOnce sync.Once
+	defaultKB   *KB
+	defaultErr  error
+)
+
+// Default returns the knowledge base built into the binary.
+func Default() *KB {
+	defaultOnce.Do(func() { defaultKB, defaultErr = Load(dataFS) })
+	if defaultErr != nil {
+		// The embedded data is tested; a broken file is a build defect.
+		panic(defaultErr)
+	}
+	return defaultKB
+}
+
+type fileReader interface {
+	ReadFile(name string) ([]byte, error)
+}
+
+// Load reads the tables from a file system laid out like kb/data.
+func Load(fsys fileReader) (*KB, error) {
+	k := &KB{}
+	files := []struct {
+		name string
+		dst  any
+	}{
+		{"data/gpus.yaml", &k.GPUs},
+		{"data/pcie.yaml", &k.PCIe},
+		{"data/interconnects.yaml", &k.Interconnects},
+		{"data/cuda.yaml", &k.CUDA},
+		{"data/xid.yaml", &k.XIDs},
+	}
+	for _, f := range files {
+		b, err := fsys.ReadFile(f.name)
+		if err != nil {
+			return nil, fmt.Errorf("kb: %w", err)
+		}
+		var doc struct {
+			Rows any `json:"rows"`
+		}
+		doc.Rows = f.dst
+		if err := yaml.UnmarshalStrict(b, &doc); err != nil {
+			return nil, fmt.Errorf("kb: %s: %w", f.name, err)
+		}
+	}
+	return k, k.validate()
+}

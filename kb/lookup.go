@@ -1,0 +1,121 @@
+package kb
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+func (k *KB) validate() error {
+	var errs []error
+	for i, g := range k.GPUs {
+		if g.Name == "" || g.Vendor == "" || g.Source == "" || g.Class == "" {
+			errs = append(errs, fmt.Errorf("kb: gpus row %d (%q): name, vendor, class and source are required", i, g.Name))
+		}
+	}
+	for i, p := range k.PCIe {
+		if p.Gen <= 0 || p.GBpsPerLaneUni <= 0 || p.Source == "" {
+			errs = append(errs, fmt.Errorf("kb: pcie row %d: gen, rate and source are required", i))
+		}
+	}
+	for i, l := range k.Interconnects {
+		if l.Kind == "" || l.GBpsPerLinkUni <= 0 || l.Source == "" {
+			errs = append(errs, fmt.Errorf("kb: interconnects row %d: kind, rate and source are required", i))
+		}
+	}
+	for i, c := range k.CUDA {
+		if c.Version == "" || c.MinDriverLinux == "" || c.Source == "" {
+			errs = append(errs, fmt.Errorf("kb: cuda row %d: version, min_driver_linux and source are required", i))
+		}
+	}
+	for i, x := range k.XIDs {
+		if x.Code <= 0 || x.Severity == "" || x.Source == "" {
+			errs = append(errs, fmt.Errorf("kb: xid row %d: code, severity and source are required", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PCIeGBpsUni is the usable bandwidth of a PCIe link of the given generation
+// and width, per direction, in GB/s. It returns 0 for an unknown generation.
+func (k *KB) PCIeGBpsUni(gen, width int) float64 {
+	for _, p := range k.PCIe {
+		if p.Gen == gen {
+			return p.GBpsPerLaneUni * float64(width)
+		}
+	}
+	return 0
+}
+
+// PCIeGenForGTps maps a transfer rate (8.0, "16GT/s") to its generation, 0 if unknown.
+func (k *KB) PCIeGenForGTps(gtps float64) int {
+	for _, p := range k.PCIe {
+		if p.GTps == gtps {
+			return p.Gen
+		}
+	}
+	return 0
+}
+
+// PCIeGen returns the row of a generation.
+func (k *KB) PCIeGen(gen int) (PCIeGen, bool) {
+	for _, p := range k.PCIe {
+		if p.Gen == gen {
+			return p, true
+		}
+	}
+	return PCIeGen{}, false
+}
+
+// LinkGBpsUni is the per-direction bandwidth of one link of an interconnect
+// generation ("nvlink", 4), 0 if unknown.
+func (k *KB) LinkGBpsUni(kind string, gen int) float64 {
+	for _, l := range k.Interconnects {
+		if l.Kind == kind && l.Gen == gen {
+			return l.GBpsPerLinkUni
+		}
+	}
+	return 0
+}
+
+// GPUByDeviceID finds a model by vendor and PCI device id ("10de", "2330").
+func (k *KB) GPUByDeviceID(vendor, deviceID string) (GPUModel, bool) {
+	deviceID = strings.ToLower(strings.TrimPrefix(strings.ToLower(deviceID), "0x"))
+	for _, g := range k.GPUs {
+		if g.Vendor != vendor {
+			continue
+		}
+		for _, id := range g.DeviceIDs {
+			if id == deviceID {
+				return g, true
+			}
+		}
+	}
+	return GPUModel{}, false
+}
+
+// GPUByName finds a model by the name a tool prints ("NVIDIA H100 80GB
+// HBM3"). The longest matching pattern wins, so "A100-SXM4-80GB" is not
+// taken for "A100-SXM4-40GB".
+func (k *KB) GPUByName(name string) (GPUModel, bool) {
+	n := strings.ToLower(name)
+	best, bestLen := GPUModel{}, 0
+	for _, g := range k.GPUs {
+		for _, m := range append([]string{g.Name}, g.Match...) {
+			if m != "" && strings.Contains(n, strings.ToLower(m)) && len(m) > bestLen {
+				best, bestLen = g, len(m)
+			}
+		}
+	}
+	return best, bestLen > 0
+}
+
+// XIDInfo returns the catalog row of an Xid code.
+func (k *KB) XIDInfo(code int) (XID, bool) {
+	for _, x := range k.XIDs {
+		if x.Code == code {
+			return x, true
+		}
+	}
+	return XID{}, false
+}
