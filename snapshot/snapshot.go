@@ -180,6 +180,16 @@ type GPU struct {
 
 	MemoryTotalBytes uint64 `json:"memory_total_bytes,omitempty"`
 	MemoryUsedBytes  uint64 `json:"memory_used_bytes,omitempty"`
+	// MemoryUsedPercent is the share of memory allocated, where a tool
+	// prints only a percentage (rocm-smi's VRAM%); nil when unknown.
+	MemoryUsedPercent *float64 `json:"memory_used_percent,omitempty"`
+	// MemoryVisibleBytes is the CPU-visible part of the memory (the BAR
+	// size; AMD's VIS_VRAM). Much smaller than the total means no
+	// resizable BAR.
+	MemoryVisibleBytes uint64 `json:"memory_visible_bytes,omitempty"`
+	// UniqueID is AMD's per-ASIC unique id in hex ("0x79ccd55167a2124a"),
+	// as rocm-smi prints it; KFD's decimal unique_id is converted to it.
+	UniqueID string `json:"unique_id,omitempty"`
 
 	VBIOS    string            `json:"vbios,omitempty"`
 	InfoROM  *InfoROM          `json:"inforom,omitempty"`
@@ -191,6 +201,9 @@ type GPU struct {
 	Fans        []Fan        `json:"fans,omitempty"`
 	// PerformanceState is "P0".."P15" where the vendor reports one.
 	PerformanceState string `json:"performance_state,omitempty"`
+	// PerfLevel is AMD's DPM performance level (auto, low, high, manual,
+	// profile_peak ...), as the driver reports it.
+	PerfLevel string `json:"perf_level,omitempty"`
 	// UtilizationGPU is percent busy, nil when unknown.
 	UtilizationGPU *float64 `json:"utilization_gpu,omitempty"`
 	// Persistence is nil when unknown (Windows: N/A).
