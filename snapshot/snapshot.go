@@ -228,7 +228,8 @@ type GPU struct {
 	// Upstream lists the PCI addresses of the bridges between the GPU and its
 	// root port, nearest first, root port last. Their links are in Snapshot.PCI.
 	Upstream []string `json:"upstream,omitempty"`
-	// NUMANode is nil when unknown; -1 is normalised to nil.
+	// NUMANode is nil when the source says nothing; -1 when the platform
+	// reports no NUMA affinity (sysfs numa_node -1, rocm-smi "Numa Affinity -1").
 	NUMANode    *int   `json:"numa_node,omitempty"`
 	CPUAffinity string `json:"cpu_affinity,omitempty"` // kernel list form
 

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	var verbose bool
+	root := &cobra.Command{
+		Use:   "kiln",
+		Short: "kiln: mismatched GPU servers turned into a dependable GPU service",
+		Long: `kiln finds every GPU on a node (NVIDIA, AMD, Intel), shows how they are wired,
+and explains what is wrong with the node, why it matters and how to fix it.
+
+It reads the live machine (PCI sysfs, NVML, amdgpu and KFD sysfs, the kernel log)
+or captures an admin already has (nvidia-smi -q / -q -x / topo -m / nvlink -s,
+lspci -vvv / -tv, rocm-smi, amd-smi, KFD topology copies, dmesg, fabric manager
+logs), so a machine can be audited without reaching it.
+
+Start with:
+  kiln doctor                     what is wrong with this node
+  kiln inventory                  what is in it
+  kiln topo                       how its GPUs, NICs and drives are connected
+  kiln doctor --from FILE...      the same on captures of another machine`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+		PersistentPreRun: func(cmd *cobra.Command, args []string) {
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelDebug
+			}
+			slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})))
+		},
+	}
+	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log what kiln reads, to standard error")
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(newInventoryCmd(), newTopoCmd(), newDoctorCmd())
+	return root
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exitError); ok && ee.err == nil {
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "kiln:", err)
+	return exitCode(err)
+}

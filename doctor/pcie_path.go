@@ -1,0 +1,167 @@
+package doctor
+
+import (
+	"fmt"
+	"strings"
+
+	"kiln.dev/kiln/snapshot"
+)
+
+func init() {
+	register(Check{
+		Name: "pcie-upstream",
+		IDs:  []string{"pcie-upstream-bottleneck"},
+		Doc:  "A switch or root port on a GPU's path to the CPU is rated or trained slower than the GPU's own link.",
+		Run:  checkPCIeUpstream,
+	})
+	register(Check{
+		Name: "pcie-acs",
+		IDs:  []string{"pcie-acs-blocks-p2p"},
+		Doc:  "ACS request or completion redirect on a port between GPUs forces peer-to-peer traffic up to the root complex.",
+		Run:  checkACS,
+	})
+}
+
+func pciIndex(s *snapshot.Snapshot) map[string]*snapshot.PCIDevice {
+	m := make(map[string]*snapshot.PCIDevice, len(s.PCI))
+	for i := range s.PCI {
+		m[s.PCI[i].Address] = &s.PCI[i]
+	}
+	return m
+}
+
+func checkPCIeUpstream(in *Input) []Finding {
+	s := in.Snapshot
+	idx := pciIndex(s)
+	var out []Finding
+	for _, g := range gpus(s) {
+		if g.PCIe == nil || len(g.Upstream) == 0 {
+			continue
+		}
+		gGen, gWidth := slotMaxGen(g.PCIe), g.PCIe.MaxWidth
+		gRate := in.KB.PCIeGBpsUni(gGen, gWidth)
+		if gRate == 0 {
+			continue
+		}
+		// Walk the path: each bridge's link is the link above it.
+		worst, worstRate := "", gRate
+		var worstLink *snapshot.PCIeLink
+		for _, a := range g.Upstream {
+			d := idx[a]
+			if d == nil || d.Link == nil || d.Kind == snapshot.KindSwitchDown {
+				// A downstream port's link is the GPU's own link.
+				continue
+			}
+			l := d.Link
+			gen, width := l.MaxGen, l.MaxWidth
+			if l.CurrentGen > 0 && l.CurrentWidth > 0 && (l.CurrentGen < gen || l.CurrentWidth < width) {
+				// A trained-down hop counts only by width (generation drops
+				// when idle); its rating counts fully.
+				width = l.CurrentWidth
+			}
+			r := in.KB.PCIeGBpsUni(gen, width)
+			if r > 0 && r < worstRate*0.99 {
+				worst, worstRate, worstLink = a, r, l
+			}
+		}
+		if worst == "" {
+			continue
+		}
+		d := idx[worst]
+		share := 100 * worstRate / gRate
+		out = append(out, Finding{
+			ID:       "pcie-upstream-bottleneck",
+			Severity: Warning,
+			Title:    fmt.Sprintf("%s: %s %s on its path to the CPU is slower than the GPU's Gen%d x%d link", gpuName(g), strings.ReplaceAll(d.Kind, "-", " "), worst, gGen, gWidth),
+			Devices:  []string{g.PCIAddress, worst},
+			Evidence: []string{
+				fmt.Sprintf("GPU link rated Gen%d x%d = %s GB/s (uni)", gGen, gWidth, fmtFloat(gRate)),
+				fmt.Sprintf("%s %s: Gen%d x%d now, Gen%d x%d capability = %s GB/s (uni)", d.Kind, worst, worstLink.CurrentGen, worstLink.CurrentWidth, worstLink.MaxGen, worstLink.MaxWidth, fmtFloat(worstRate)),
+				"path: " + strings.Join(append([]string{g.PCIAddress}, g.Upstream...), " -> "),
+			},
+			Impact:        fmt.Sprintf("host transfers at %s%% of the GPU's rated bandwidth", fmtFloat(share)),
+			ImpactPercent: pct(100 - share),
+			Remedy:        "Move the GPU to a slot whose path to the CPU runs at full width and speed, or fix the switch uplink (reseat, replace cable/retimer, BIOS link settings).",
+			Reference:     "Linux pcie_bandwidth_available() (drivers/pci/pci.c): the narrowest hop limits the device",
+		})
+	}
+	return out
+}
+
+// checkACS reports ports with ACS redirect enabled that sit between two GPUs
+// below one switch or root port. Such ports send peer-to-peer reads and
+// writes up to the root complex (or block them under an IOMMU).
+func checkACS(in *Input) []Finding {
+	s := in.Snapshot
+	idx := pciIndex(s)
+	// For every bridge, the GPUs below it.
+	below := map[string][]*snapshot.GPU{}
+	for _, g := range gpus(s) {
+		for _, a := range g.Upstream {
+			below[a] = append(below[a], g)
+		}
+	}
+	var out []Finding
+	var ports, gs []string
+	var ev []string
+	seen := map[string]bool{}
+	for _, g := range gpus(s) {
+		for _, a := range g.Upstream {
+			d := idx[a]
+			if d == nil || d.ACS == nil || !(d.ACS.ReqRedir || d.ACS.CmpltRedir) {
+				continue
+			}
+			if d.Kind != snapshot.KindSwitchDown && d.Kind != snapshot.KindRootPort {
+				continue
+			}
+			// Redirect matters when a peer GPU shares a switch above this port.
+			if !sharesSwitch(g, a, below, idx) || seen[a] {
+				continue
+			}
+			seen[a] = true
+			ports = append(ports, a)
+			gs = append(gs, g.PCIAddress)
+			ev = append(ev, fmt.Sprintf("%s %s above %s: ACSCtl ReqRedir%s CmpltRedir%s SrcValid%s", d.Kind, a, gpuName(g), pm(d.ACS.ReqRedir), pm(d.ACS.CmpltRedir), pm(d.ACS.SrcValid)))
+		}
+	}
+	if len(ports) == 0 {
+		return nil
+	}
+	out = append(out, Finding{
+		ID:        "pcie-acs-blocks-p2p",
+		Severity:  Warning,
+		Title:     fmt.Sprintf("ACS redirect is on for %d %s between GPUs that share a PCIe switch", len(ports), plural(len(ports), "port", "ports")),
+		Devices:   append(gs, ports...),
+		Evidence:  ev,
+		Impact:    "GPU peer-to-peer traffic that could stay inside the switch goes up to the root complex: NCCL falls back to slower paths or P2P fails under an IOMMU",
+		Remedy:    "Disable ACS redirect on these switch ports (BIOS 'ACS' / 'PCIe ACS control' option, or setpci at boot) when the GPUs are not passed through to separate VMs; keep it on where VM isolation needs it.",
+		Reference: "NVIDIA NCCL troubleshooting: PCI Access Control Services (ACS)",
+	})
+	return out
+}
+
+func pm(b bool) string {
+	if b {
+		return "+"
+	}
+	return "-"
+}
+
+// sharesSwitch reports whether GPU g, below port a, has a peer GPU below the
+// same switch (the parent of port a) or the same root complex port.
+func sharesSwitch(g *snapshot.GPU, a string, below map[string][]*snapshot.GPU, idx map[string]*snapshot.PCIDevice) bool {
+	d := idx[a]
+	if d == nil {
+		return false
+	}
+	up := d.Parent
+	if up == "" {
+		return len(below[a]) > 1
+	}
+	for _, peer := range below[up] {
+		if peer != g {
+			return true
+		}
+	}
+	return false
+}
