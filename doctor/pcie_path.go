@@ -88,56 +88,75 @@ func checkPCIeUpstream(in *Input) []Finding {
 	return out
 }
 
-// checkACS reports ports with ACS redirect enabled that sit between two GPUs
-// below one switch or root port. Such ports send peer-to-peer reads and
-// writes up to the root complex (or block them under an IOMMU).
+// checkACS reports ports with ACS redirect enabled on the path between two
+// GPUs that share a PCIe switch. Such ports send peer-to-peer reads and
+// writes up to the root complex (or block them under an IOMMU) instead of
+// letting the switch route them.
 func checkACS(in *Input) []Finding {
 	s := in.Snapshot
 	idx := pciIndex(s)
-	// For every bridge, the GPUs below it.
-	below := map[string][]*snapshot.GPU{}
-	for _, g := range gpus(s) {
-		for _, a := range g.Upstream {
-			below[a] = append(below[a], g)
-		}
-	}
-	var out []Finding
-	var ports, gs []string
-	var ev []string
-	seen := map[string]bool{}
-	for _, g := range gpus(s) {
-		for _, a := range g.Upstream {
-			d := idx[a]
-			if d == nil || d.ACS == nil || !(d.ACS.ReqRedir || d.ACS.CmpltRedir) {
-				continue
+	gs := gpus(s)
+	flagged := map[string]bool{}
+	var ports, devs, ev []string
+	for a := 0; a < len(gs); a++ {
+		for b := a + 1; b < len(gs); b++ {
+			lca := commonAncestor(gs[a].Upstream, gs[b].Upstream)
+			if lca < 0 {
+				continue // no shared switch: traffic crosses the root complex anyway
 			}
-			if d.Kind != snapshot.KindSwitchDown && d.Kind != snapshot.KindRootPort {
-				continue
+			for _, g := range []*snapshot.GPU{gs[a], gs[b]} {
+				for _, addr := range below(g.Upstream, gs[a].Upstream[lca]) {
+					d := idx[addr]
+					if d == nil || d.ACS == nil || !(d.ACS.ReqRedir || d.ACS.CmpltRedir) || flagged[addr] {
+						continue
+					}
+					if d.Kind != snapshot.KindSwitchDown && d.Kind != snapshot.KindRootPort {
+						continue
+					}
+					flagged[addr] = true
+					ports = append(ports, addr)
+					devs = append(devs, g.PCIAddress)
+					ev = append(ev, fmt.Sprintf("%s %s above %s: ACSCtl ReqRedir%s CmpltRedir%s SrcValid%s", d.Kind, addr, gpuName(g), pm(d.ACS.ReqRedir), pm(d.ACS.CmpltRedir), pm(d.ACS.SrcValid)))
+				}
 			}
-			// Redirect matters when a peer GPU shares a switch above this port.
-			if !sharesSwitch(g, a, below, idx) || seen[a] {
-				continue
-			}
-			seen[a] = true
-			ports = append(ports, a)
-			gs = append(gs, g.PCIAddress)
-			ev = append(ev, fmt.Sprintf("%s %s above %s: ACSCtl ReqRedir%s CmpltRedir%s SrcValid%s", d.Kind, a, gpuName(g), pm(d.ACS.ReqRedir), pm(d.ACS.CmpltRedir), pm(d.ACS.SrcValid)))
 		}
 	}
 	if len(ports) == 0 {
 		return nil
 	}
-	out = append(out, Finding{
+	return []Finding{{
 		ID:        "pcie-acs-blocks-p2p",
 		Severity:  Warning,
 		Title:     fmt.Sprintf("ACS redirect is on for %d %s between GPUs that share a PCIe switch", len(ports), plural(len(ports), "port", "ports")),
-		Devices:   append(gs, ports...),
+		Devices:   uniq(append(devs, ports...)),
 		Evidence:  ev,
-		Impact:    "GPU peer-to-peer traffic that could stay inside the switch goes up to the root complex: NCCL falls back to slower paths or P2P fails under an IOMMU",
-		Remedy:    "Disable ACS redirect on these switch ports (BIOS 'ACS' / 'PCIe ACS control' option, or setpci at boot) when the GPUs are not passed through to separate VMs; keep it on where VM isolation needs it.",
+		Impact:    "GPU peer-to-peer traffic that could stay inside the switch goes up to the root complex: bandwidth drops and latency rises, and P2P fails outright under an IOMMU",
+		Remedy:    "Disable ACS redirect on these switch ports (BIOS 'ACS' / 'PCIe ACS control' option, or setpci at boot) when the GPUs are not passed through to separate VMs; keep it where VM isolation needs it.",
 		Reference: "NVIDIA NCCL troubleshooting: PCI Access Control Services (ACS)",
-	})
-	return out
+	}}
+}
+
+// commonAncestor returns the index in a of the nearest bridge that a and b
+// (upstream chains, nearest first) share, or -1.
+func commonAncestor(a, b []string) int {
+	for i, x := range a {
+		for _, y := range b {
+			if x == y {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// below returns the part of an upstream chain that lies under stop.
+func below(chain []string, stop string) []string {
+	for i, x := range chain {
+		if x == stop {
+			return chain[:i]
+		}
+	}
+	return nil
 }
 
 func pm(b bool) string {
@@ -145,23 +164,4 @@ func pm(b bool) string {
 		return "+"
 	}
 	return "-"
-}
-
-// sharesSwitch reports whether GPU g, below port a, has a peer GPU below the
-// same switch (the parent of port a) or the same root complex port.
-func sharesSwitch(g *snapshot.GPU, a string, below map[string][]*snapshot.GPU, idx map[string]*snapshot.PCIDevice) bool {
-	d := idx[a]
-	if d == nil {
-		return false
-	}
-	up := d.Parent
-	if up == "" {
-		return len(below[a]) > 1
-	}
-	for _, peer := range below[up] {
-		if peer != g {
-			return true
-		}
-	}
-	return false
 }
