@@ -67,7 +67,7 @@ func checkEvents(in *Input) []Finding {
 			out = append(out, Finding{
 				ID: "gpu-fallen-off-bus", Severity: Critical, Devices: nonEmpty(k.dev),
 				Title:     fmt.Sprintf("%s fell off the PCIe bus (%s)", orNode(k.dev), countSpan(evs)),
-				Evidence:  eventLines(evs, 5),
+				Evidence:  append(eventLines(evs, 5), eventLines(probeFailures(in.Snapshot), 2)...),
 				Impact:    "the GPU stopped answering on PCIe: every job on it failed and the driver cannot use it until the node is rebooted (Xid 79 class)",
 				Remedy:    "Drain the node and reboot it. If it recurs, check the GPU's power cables, slot and riser, PCIe AER errors and temperatures before; RMA a GPU that falls off repeatedly.",
 				Reference: "NVIDIA Xid catalog: Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS (RESTART_BM)",
@@ -183,4 +183,14 @@ func countSpan(evs []snapshot.Event) string {
 		return n + ", " + first.Format("2006-01-02 15:04:05")
 	}
 	return n + ", " + first.Format("2006-01-02 15:04:05") + " to " + last.Format("2006-01-02 15:04:05")
+}
+
+func probeFailures(s *snapshot.Snapshot) []snapshot.Event {
+	var out []snapshot.Event
+	for _, e := range s.Events {
+		if e.Kind == snapshot.EventProbeFailed {
+			out = append(out, e)
+		}
+	}
+	return out
 }

@@ -172,8 +172,16 @@ func checkCompleteness(in *Input) []Finding {
 			Remedy:   "Read the kernel log for NVRM probe failures or Xid 79 on these addresses; reset the GPU or reboot the node, and RMA a GPU that keeps failing to initialise.",
 		})
 	}
+	fellOff := false
 	for _, e := range s.Events {
-		if e.Kind != snapshot.EventProbeFailed {
+		if e.Kind == snapshot.EventFallenOffBus || (e.Kind == snapshot.EventXid && e.Code == 79) {
+			fellOff = true
+		}
+	}
+	for _, e := range s.Events {
+		// After a GPU fell off the bus the driver's probe fails too: that
+		// is reported (with this line) as gpu-fallen-off-bus.
+		if e.Kind != snapshot.EventProbeFailed || fellOff {
 			continue
 		}
 		out = append(out, Finding{
