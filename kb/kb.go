@@ -22,6 +22,7 @@ type KB struct {
 	Interconnects []Interconnect `json:"interconnects"`
 	CUDA          []CUDARelease  `json:"cuda"`
 	XIDs          []XID          `json:"xids"`
+	MIG           []MIGModel     `json:"mig"`
 }
 
 // GPUModel is one GPU model (one PCI device id, or one marketing name).
@@ -34,28 +35,28 @@ type GPUModel struct {
 	// Match are substrings of the names tools print ("H100 80GB HBM3").
 	Match []string `json:"match,omitempty"`
 	// Class: datacenter, workstation, consumer.
-	Class             string  `json:"class"`
-	Architecture      string  `json:"architecture,omitempty"`
-	ComputeCapability string  `json:"compute_capability,omitempty"`
-	GFXTarget         string  `json:"gfx_target,omitempty"`
-	MemoryGB          float64 `json:"memory_gb,omitempty"`
+	Class               string  `json:"class"`
+	Architecture        string  `json:"architecture,omitempty"`
+	ComputeCapability   string  `json:"compute_capability,omitempty"`
+	GFXTarget           string  `json:"gfx_target,omitempty"`
+	MemoryGB            float64 `json:"memory_gb,omitempty"`
 	MemoryBandwidthGBps float64 `json:"memory_bandwidth_gbps,omitempty"`
-	PCIeGen           int     `json:"pcie_gen,omitempty"`
-	PCIeWidth         int     `json:"pcie_width,omitempty"`
+	PCIeGen             int     `json:"pcie_gen,omitempty"`
+	PCIeWidth           int     `json:"pcie_width,omitempty"`
 	// Interconnect is the GPU-to-GPU link kind ("nvlink", "xgmi") and
 	// version, and how many links one GPU has.
-	Interconnect     string `json:"interconnect,omitempty"`
-	InterconnectGen  int    `json:"interconnect_gen,omitempty"`
-	InterconnectLinks int   `json:"interconnect_links,omitempty"`
-	ECC              bool   `json:"ecc,omitempty"`
-	MIG              bool   `json:"mig,omitempty"`
+	Interconnect      string `json:"interconnect,omitempty"`
+	InterconnectGen   int    `json:"interconnect_gen,omitempty"`
+	InterconnectLinks int    `json:"interconnect_links,omitempty"`
+	ECC               bool   `json:"ecc,omitempty"`
+	MIG               bool   `json:"mig,omitempty"`
 	// NVSwitch is true for boards whose GPUs meet through NVSwitches (HGX),
 	// which need the fabric manager.
-	NVSwitch   bool    `json:"nvswitch,omitempty"`
-	TDPW       float64 `json:"tdp_w,omitempty"`
+	NVSwitch bool    `json:"nvswitch,omitempty"`
+	TDPW     float64 `json:"tdp_w,omitempty"`
 	// Thermal limits where the vendor publishes them.
-	MaxTempC   float64 `json:"max_temp_c,omitempty"`
-	Source     string  `json:"source"`
+	MaxTempC float64 `json:"max_temp_c,omitempty"`
+	Source   string  `json:"source"`
 }
 
 // PCIeGen is one PCIe generation's per-lane rate.
@@ -137,6 +138,7 @@ func Load(fsys fileReader) (*KB, error) {
 		{"data/interconnects.yaml", &k.Interconnects},
 		{"data/cuda.yaml", &k.CUDA},
 		{"data/xid.yaml", &k.XIDs},
+		{"data/mig.yaml", &k.MIG},
 	}
 	for _, f := range files {
 		b, err := fsys.ReadFile(f.name)

@@ -95,19 +95,49 @@ func (k *KB) GPUByDeviceID(vendor, deviceID string) (GPUModel, bool) {
 }
 
 // GPUByName finds a model by the name a tool prints ("NVIDIA H100 80GB
-// HBM3"). The longest matching pattern wins, so "A100-SXM4-80GB" is not
-// taken for "A100-SXM4-40GB".
+// HBM3"). A pattern matches only as whole words, so "A10" is not found in
+// "A100-SXM4-40GB" nor "L4" in "L40S"; the longest matching pattern wins, so
+// "A100-SXM4-80GB" is not taken for "A100-SXM4-40GB".
 func (k *KB) GPUByName(name string) (GPUModel, bool) {
 	n := strings.ToLower(name)
 	best, bestLen := GPUModel{}, 0
 	for _, g := range k.GPUs {
 		for _, m := range append([]string{g.Name}, g.Match...) {
-			if m != "" && strings.Contains(n, strings.ToLower(m)) && len(m) > bestLen {
+			if len(m) > bestLen && containsWord(n, strings.ToLower(m)) {
 				best, bestLen = g, len(m)
 			}
 		}
 	}
 	return best, bestLen > 0
+}
+
+// containsWord reports whether pat occurs in s with no letter or digit
+// directly before or after it.
+func containsWord(s, pat string) bool {
+	if pat == "" {
+		return false
+	}
+	for off := 0; off+len(pat) <= len(s); {
+		i := strings.Index(s[off:], pat)
+		if i < 0 {
+			return false
+		}
+		start, end := off+i, off+i+len(pat)
+		if !isAlnum(s, start-1) && !isAlnum(s, end) {
+			return true
+		}
+		off = start + 1
+	}
+	return false
+}
+
+// isAlnum reports whether s[i] is an ASCII letter or digit; out of range is false.
+func isAlnum(s string, i int) bool {
+	if i < 0 || i >= len(s) {
+		return false
+	}
+	c := s[i]
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
 // XIDInfo returns the catalog row of an Xid code.
