@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"fmt"
+	"strings"
 
 	"kiln.dev/kiln/snapshot"
 )
@@ -39,8 +40,8 @@ func checkClocks(in *Input) []Finding {
 			}
 			out = append(out, Finding{
 				ID: "throttle-thermal", Severity: Warning, Devices: dev,
-				Title:     fmt.Sprintf("%s: clocks lowered for temperature (%v)", gpuName(g), names),
-				Evidence:  []string{fmt.Sprintf("active clock event reasons: %v", names), temp},
+				Title:     fmt.Sprintf("%s: clocks lowered for temperature (%s)", gpuName(g), strings.Join(names, ", ")),
+				Evidence:  []string{"active clock event reasons: " + strings.Join(names, ", "), temp},
 				Impact:    "the GPU runs below its rated clocks while the reason is active; a thermal slowdown at a low reported temperature points at a hot spot (memory, VRM) or a sensor fault",
 				Remedy:    "Check airflow, fan and cooling-loop health, inlet temperature and dust; compare with the GPU's neighbours.",
 				Reference: refClockEvents,
@@ -71,8 +72,8 @@ func checkClocks(in *Input) []Finding {
 			}
 			out = append(out, Finding{
 				ID: "hw-slowdown", Severity: Warning, Devices: dev,
-				Title:     fmt.Sprintf("%s: hardware slowdown active (%v)", gpuName(g), names),
-				Evidence:  []string{fmt.Sprintf("active clock event reasons: %v", names), power, temp},
+				Title:     fmt.Sprintf("%s: hardware slowdown active (%s)", gpuName(g), strings.Join(names, ", ")),
+				Evidence:  []string{"active clock event reasons: " + strings.Join(names, ", "), power, temp},
 				Impact:    "hardware cut the clocks by half or more: HW Power Brake is asserted by the board or system (power supply or external signal), HW Slowdown by over-temperature or over-current",
 				Remedy:    "Check the power supplies and their redundancy, the chassis power-brake signal (BMC event log) and cooling; a GPU that keeps asserting it alone needs service.",
 				Reference: refClockEvents,

@@ -1,0 +1,71 @@
+// Command doctor measures the whole `kiln doctor --from` process on 8-GPU
+// captures: wall time and peak resident memory, as a table. The goal is
+// under 50 ms and 30 MB for an 8-GPU capture.
+//
+//	go run ./bench/doctor [-n 20]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+)
+
+func main() {
+	n := flag.Int("n", 20, "runs per capture")
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "kiln-bench")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "kiln")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/kiln")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fail(fmt.Errorf("building kiln: %w", err))
+	}
+	captures := [][]string{
+		{"testdata/captures/nvidia-smi-q/h100x8-535.183.01-gpu75-slowdown.txt"},
+		{"testdata/captures/lspci/h100-hgx-x8-lspci-vvv.txt"},
+		{"testdata/captures/nvidia-smi-q/h100x8-535.183.01-gpu75-slowdown.txt", "testdata/captures/lspci/h100-hgx-x8-lspci-vvv.txt", "testdata/captures/dmesg/h100-hgx-boot-dmesg-iso.log"},
+		{"testdata/captures/kfd-topology/mi300x-x8-cpx.tar.gz"},
+	}
+	fmt.Printf("%-70s %8s %8s %8s %10s\n", "capture (8 GPUs)", "runs", "p50 ms", "max ms", "peak MB")
+	for _, c := range captures {
+		var walls []float64
+		var peak int64
+		for i := 0; i < *n; i++ {
+			args := []string{"doctor", "-o", "json"}
+			for _, f := range c {
+				args = append(args, "--from", f)
+			}
+			cmd := exec.Command(bin, args...)
+			start := time.Now()
+			err := cmd.Run()
+			walls = append(walls, float64(time.Since(start).Microseconds())/1000)
+			if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 3 {
+				fail(fmt.Errorf("%v: kiln could not run", c))
+			}
+			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && ru.Maxrss > peak {
+				peak = ru.Maxrss
+			}
+		}
+		sort.Float64s(walls)
+		name := filepath.Base(c[0])
+		if len(c) > 1 {
+			name = fmt.Sprintf("%s + %d more", name, len(c)-1)
+		}
+		fmt.Printf("%-70s %8d %8.1f %8.1f %10.1f\n", name, *n, walls[len(walls)/2], walls[len(walls)-1], float64(peak)/1024)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
