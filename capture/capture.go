@@ -24,7 +24,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"testing/fstest"
 
 	"kiln.dev/kiln/snapshot"
 )
@@ -34,8 +33,9 @@ type FileImporter struct {
 	// Kind names the format ("nvidia-smi-q"); it is the Source.Kind of
 	// the snapshots it returns.
 	Kind string
-	// Detect says whether data (the whole file) is in this format. name is
-	// the file's base name, a hint only: detection must work on content.
+	// Detect says whether data (the first 64 KiB of the file) is in this
+	// format. name is the file's base name, a hint only: detection must
+	// work on content.
 	Detect func(name string, data []byte) bool
 	// Parse turns the file into a Snapshot. It must not panic.
 	Parse func(name string, data []byte) (*snapshot.Snapshot, error)
@@ -78,6 +78,10 @@ func Kinds() []string {
 	return ks
 }
 
+// detectHead is how much of a file importers see when they detect its
+// format: every format kiln reads says what it is in its first lines.
+const detectHead = 64 << 10
+
 // maxFile bounds what one capture file may be; real captures are a few MB.
 const maxFile = 256 << 20
 
@@ -90,8 +94,9 @@ func ParseBytes(name string, data []byte) (*snapshot.Snapshot, error) {
 		return nil, fmt.Errorf("%s: file is empty", name)
 	}
 	base := path.Base(filepath.ToSlash(name))
+	head := data[:min(len(data), detectHead)]
 	for _, imp := range fileImporters {
-		if imp.Detect(base, data) {
+		if imp.Detect(base, head) {
 			s, err := imp.Parse(base, data)
 			if err != nil {
 				return nil, fmt.Errorf("%s: reading as %s: %w", name, imp.Kind, err)
@@ -185,7 +190,7 @@ func untarGz(data []byte) (fs.FS, error) {
 		return nil, fmt.Errorf("not a gzip file: %w", err)
 	}
 	tr := tar.NewReader(io.LimitReader(zr, maxFile))
-	m := fstest.MapFS{}
+	m := map[string][]byte{}
 	var total int64
 	for {
 		h, err := tr.Next()
@@ -210,19 +215,20 @@ func untarGz(data []byte) (fs.FS, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading tar entry %s: %w", h.Name, err)
 		}
-		m[name] = &fstest.MapFile{Data: b, Mode: 0o444}
+		m[name] = b
 	}
 	if len(m) == 0 {
 		return nil, errors.New("tar holds no files")
 	}
+	mfs := newMemFS(m)
 	// Strip a common top-level folder.
 	top := ""
 	for name := range m {
 		first, _, _ := strings.Cut(name, "/")
 		if !strings.Contains(name, "/") || (top != "" && top != first) {
-			return m, nil
+			return mfs, nil
 		}
 		top = first
 	}
-	return fs.Sub(m, top)
+	return mfs.Sub(top)
 }
