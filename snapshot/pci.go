@@ -12,6 +12,9 @@ import (
 // "75:00.0" (lspci without -D), and "0000:9b:00" (kernel log, no function:
 // function 0 is assumed).
 func CanonicalPCI(s string) (string, error) {
+	if isCanonical(s) {
+		return s, nil
+	}
 	in := strings.TrimSpace(s)
 	t := strings.ToLower(in)
 	t = strings.TrimPrefix(t, "pci:")
@@ -41,6 +44,23 @@ func CanonicalPCI(s string) (string, error) {
 		return "", fmt.Errorf("PCI address %q: want [domain:]bus:device.function in hex", in)
 	}
 	return fmt.Sprintf("%04x:%02x:%02x.%x", d, b, v, f), nil
+}
+
+// isCanonical is the fast path for addresses already in canonical form.
+func isCanonical(s string) bool {
+	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
+		return false
+	}
+	for i, c := range []byte(s) {
+		if i == 4 || i == 7 || i == 10 {
+			continue
+		}
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	// device 00-1f, function 0-7
+	return s[8] <= '1' && s[11] <= '7'
 }
 
 // MustCanonicalPCI is CanonicalPCI for addresses known to be valid (tests,
