@@ -50,7 +50,7 @@ Exit codes:
 			if list {
 				return printChecks(out)
 			}
-			if err := checkFormat(format, "text", "json", "yaml"); err != nil {
+			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
 				return err
 			}
 			if len(args) > 0 && len(src.from) == 0 {

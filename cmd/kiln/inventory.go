@@ -36,7 +36,7 @@ or use it as a test fixture; 'kiln inventory --from DIR' replays it.`,
   kiln inventory --from nvidia-smi-q.xml --from lspci-vvv.txt`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat(format, "text", "json", "yaml"); err != nil {
+			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
 				return err
 			}
 			if len(args) > 0 && len(src.from) == 0 {

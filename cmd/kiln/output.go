@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 )
@@ -27,13 +28,13 @@ func writeStructured(w io.Writer, format string, v any) error {
 	return fmt.Errorf("unknown output format %q (want text, json or yaml)", format)
 }
 
-func checkFormat(format string, allowed ...string) error {
+func checkFormat(flag, format string, allowed ...string) error {
 	for _, a := range allowed {
 		if format == a {
 			return nil
 		}
 	}
-	return &exitError{code: 3, err: fmt.Errorf("-o %s: want one of %v", format, allowed)}
+	return &exitError{code: 3, err: fmt.Errorf("%s %s: want one of %s", flag, format, strings.Join(allowed, ", "))}
 }
 
 // colorOK reports whether w is a terminal that wants colour.

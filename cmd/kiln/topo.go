@@ -30,10 +30,10 @@ directions added (the figure vendors usually quote).`,
   kiln topo --from nvidia-smi-topo-m.txt`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat(output, "text", "json", "yaml"); err != nil {
+			if err := checkFormat("-o", output, "text", "json", "yaml"); err != nil {
 				return err
 			}
-			if err := checkFormat(format, "text", "dot", "svg"); err != nil {
+			if err := checkFormat("--format", format, "text", "dot", "svg"); err != nil {
 				return err
 			}
 			if len(args) > 0 && len(src.from) == 0 {
