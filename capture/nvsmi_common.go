@@ -138,8 +138,8 @@ func (n *nvsmiNotes) flag(v nvVal, what string) *bool {
 	return nil
 }
 
-// int reads a small non-negative integer (PCIe generation, an instance id).
-func (n *nvsmiNotes) int(v nvVal, what string, suffix string) (int, bool) {
+// integer reads a small non-negative integer (PCIe generation, an instance id).
+func (n *nvsmiNotes) integer(v nvVal, what string, suffix string) (int, bool) {
 	if !v.known() {
 		return 0, false
 	}
@@ -473,7 +473,7 @@ func (r *nvRaw) buildPCIe(notes *nvsmiNotes) *snapshot.PCIeLink {
 	var l snapshot.PCIeLink
 	gen := func(vs ...nvVal) int {
 		for _, v := range vs {
-			if x, ok := notes.int(v, "a PCIe generation", ""); ok && x >= 1 && x <= 16 {
+			if x, ok := notes.integer(v, "a PCIe generation", ""); ok && x >= 1 && x <= 16 {
 				return x
 			} else if ok {
 				notes.bad(v, "a PCIe generation")
@@ -482,7 +482,7 @@ func (r *nvRaw) buildPCIe(notes *nvsmiNotes) *snapshot.PCIeLink {
 		return 0
 	}
 	width := func(v nvVal) int {
-		if x, ok := notes.int(v, "a PCIe link width", "x"); ok && x >= 1 && x <= 64 {
+		if x, ok := notes.integer(v, "a PCIe link width", "x"); ok && x >= 1 && x <= 64 {
 			return x
 		} else if ok {
 			notes.bad(v, "a PCIe link width")
@@ -519,14 +519,14 @@ func (r *nvRaw) buildMIG(notes *nvsmiNotes) *snapshot.MIG {
 	}
 	for _, d := range r.migDevices {
 		var in snapshot.MIGInstance
-		gi, ok1 := notes.int(d.gi, "a GPU instance id", "")
-		ci, ok2 := notes.int(d.ci, "a compute instance id", "")
+		gi, ok1 := notes.integer(d.gi, "a GPU instance id", "")
+		ci, ok2 := notes.integer(d.ci, "a compute instance id", "")
 		if !ok1 || !ok2 {
 			notes.add("MIG device without readable GPU/compute instance ids skipped")
 			continue
 		}
 		in.GPUInstance, in.ComputeInstance = gi, ci
-		if sms, ok := notes.int(d.sms, "a multiprocessor count", ""); ok {
+		if sms, ok := notes.integer(d.sms, "a multiprocessor count", ""); ok {
 			in.SMs = sms
 		}
 		if b := notes.bytes(d.memTotal, "a memory size"); b != nil {
@@ -565,7 +565,7 @@ var nvsmiInfoROMWarning = regexp.MustCompile(`(?i)WARNING:\s*infoROM is corrupte
 func nvsmiWarnings(s *snapshot.Snapshot, source string, lines []string) {
 	for _, ln := range lines {
 		ln = strings.TrimSpace(ln)
-		if !strings.HasPrefix(strings.ToUpper(ln), "WARNING") {
+		if !nvsmiIsWarning(ln) {
 			continue
 		}
 		s.Notes = append(s.Notes, snapshot.Note{Source: source, Message: ln})
@@ -625,4 +625,10 @@ func attachedDetail(source string) string {
 		return "attached_gpus"
 	}
 	return "Attached GPUs"
+}
+
+// nvsmiIsWarning reports whether a trimmed line is a warning nvidia-smi
+// printed around its report.
+func nvsmiIsWarning(t string) bool {
+	return len(t) >= 7 && strings.EqualFold(t[:7], "WARNING")
 }

@@ -116,7 +116,7 @@ func parseNvsmiTree(data []byte) (root *nvsmiNode, warnings []string, banners in
 				banners++
 			}
 			continue
-		case strings.HasPrefix(strings.ToUpper(t), "WARNING"):
+		case nvsmiIsWarning(t):
 			warnings = append(warnings, t)
 			continue
 		}

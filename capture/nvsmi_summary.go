@@ -141,7 +141,7 @@ func ParseNvidiaSMISummary(data []byte) (*snapshot.Snapshot, error) {
 	nvsmiSummaryProcesses(lines, i, s, notes)
 	var warnings []string
 	for _, ln := range lines {
-		if strings.HasPrefix(strings.ToUpper(strings.TrimSpace(ln)), "WARNING") {
+		if nvsmiIsWarning(strings.TrimSpace(ln)) {
 			warnings = append(warnings, ln)
 		}
 	}
