@@ -333,7 +333,7 @@ func TestAMDGPU(t *testing.T) {
 			files: map[string]string{
 				"mem_info_vram_total": "68702699520\n", "mem_info_vram_used": "11182080\n", "vbios_version": "113-D67301-063\n",
 				"unique_id": "c1a3b2d4e5f60718\n", "serial_number": "692235000123\n", "product_name": "Instinct MI210\n",
-				"gpu_busy_percent": "37\n", "pcie_replay_count": "2\n",
+				"gpu_busy_percent": "37\n", "pcie_replay_count": "2\n", "numa_node": "-1\n",
 				hw + "temp1_input": "34000\n", hw + "temp1_label": "edge\n", hw + "temp1_crit": "100000\n",
 				hw + "temp2_input": "38000\n", hw + "temp2_label": "junction\n",
 				hw + "temp3_input": "45000\n", hw + "temp3_label": "mem\n",
@@ -352,6 +352,9 @@ func TestAMDGPU(t *testing.T) {
 	if g.Vendor != snapshot.VendorAMD || g.Model != "Instinct MI210" || g.MemoryTotalBytes != 68702699520 || g.MemoryUsedBytes != 11182080 ||
 		g.VBIOS != "113-D67301-063" || g.UUID != "c1a3b2d4e5f60718" || g.Serial != "692235000123" {
 		t.Errorf("AMD GPU = %+v", g)
+	}
+	if g.NUMANode != nil {
+		t.Errorf("numa_node -1 must stay unknown, got %d", *g.NUMANode)
 	}
 	if g.UtilizationGPU == nil || *g.UtilizationGPU != 37 || g.PCIe == nil || g.PCIe.Replays == nil || *g.PCIe.Replays != 2 || g.PCIe.CurrentWidth != 16 {
 		t.Errorf("AMD utilization %v link %+v", g.UtilizationGPU, g.PCIe)
