@@ -43,7 +43,7 @@ func TestKFDTopologyDetect(t *testing.T) {
 		t.Error("MI210 copy not detected")
 	}
 	for name, fsys := range map[string]fstest.MapFS{
-		"pci sysfs copy": {"devices/0000:03:00.0/vendor": {Data: []byte("0x1002\n")}},
+		"pci sysfs copy":         {"devices/0000:03:00.0/vendor": {Data: []byte("0x1002\n")}},
 		"nodes without KFD keys": {"nodes/0/properties": {Data: []byte("hello world\n")}},
 		"two top folders": {
 			"a/nodes/0/properties": {Data: []byte("simd_count 0\ncpu_cores_count 4\n")},
