@@ -31,7 +31,7 @@ func checkAMDSnapshot(t *testing.T, s *snapshot.Snapshot) {
 				t.Errorf("PCI address %q is not canonical", g.PCIAddress)
 			}
 		}
-		if g.NUMANode != nil && *g.NUMANode < 0 {
+		if g.NUMANode != nil && *g.NUMANode < -1 {
 			t.Errorf("NUMA node %d", *g.NUMANode)
 		}
 		if g.Partition != nil && g.Partition.Count < 0 {

@@ -477,7 +477,7 @@ func lspciAttr(f *lspciFn, t string, lineNo int) error {
 		if err != nil {
 			return fmt.Errorf("lspci: line %d: cannot read %q as a NUMA node", lineNo, v)
 		}
-		if n >= 0 {
+		if n >= -1 { // -1: the platform reports no affinity
 			f.d.NUMANode = snapshot.Ptr(n)
 		}
 	case strings.HasPrefix(t, "Bus: "):

@@ -428,7 +428,8 @@ func rocmFill(g *snapshot.GPU, kv map[string]string, s *snapshot.Snapshot) {
 	// "Numa Node" is KFD's guess and defaults to 0, so it is used only
 	// when no affinity is printed.
 	if v, ok := low["(topology) numa affinity"]; ok {
-		if n, ok := amdInt(v); ok && n >= 0 {
+		// -1 is kept: the platform reports no affinity (snapshot.GPU.NUMANode).
+		if n, ok := amdInt(v); ok && n >= -1 {
 			g.NUMANode = snapshot.Ptr(n)
 		}
 	} else if v, ok := get("(topology) numa node"); ok {

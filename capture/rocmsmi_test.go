@@ -116,8 +116,8 @@ func TestRocmSMIRX6700NoNUMA(t *testing.T) {
 		t.Fatalf("%d GPUs", len(s.GPUs))
 	}
 	g := s.GPUs[0]
-	if g.NUMANode != nil {
-		t.Errorf("NUMA %d from affinity -1, want unknown", *g.NUMANode)
+	if g.NUMANode == nil || *g.NUMANode != -1 {
+		t.Errorf("NUMA %v from affinity -1, want -1 (platform reports none)", g.NUMANode)
 	}
 	if g.PCIAddress != "0000:07:00.0" || g.GFXTarget != "gfx1031" || g.UniqueID != "" ||
 		g.MemoryVisibleBytes != 268435456 || g.MemoryTotalBytes != 12868124672 || f(g.MemoryUsedPercent) != 12 ||

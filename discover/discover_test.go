@@ -353,8 +353,8 @@ func TestAMDGPU(t *testing.T) {
 		g.VBIOS != "113-D67301-063" || g.UUID != "c1a3b2d4e5f60718" || g.Serial != "692235000123" {
 		t.Errorf("AMD GPU = %+v", g)
 	}
-	if g.NUMANode != nil {
-		t.Errorf("numa_node -1 must stay unknown, got %d", *g.NUMANode)
+	if g.NUMANode == nil || *g.NUMANode != -1 {
+		t.Errorf("numa_node -1 must be kept as -1 (platform reports no affinity), got %v", g.NUMANode)
 	}
 	if g.UtilizationGPU == nil || *g.UtilizationGPU != 37 || g.PCIe == nil || g.PCIe.Replays == nil || *g.PCIe.Replays != 2 || g.PCIe.CurrentWidth != 16 {
 		t.Errorf("AMD utilization %v link %+v", g.UtilizationGPU, g.PCIe)

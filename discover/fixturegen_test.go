@@ -672,7 +672,7 @@ func h100HGX8() *fxMachine {
 			nvmeVendor, nvmeDevice = 0x1344, 0x51c3
 		}
 		nvme := &fxDev{addr: u.nvme, vendor: nvmeVendor, device: nvmeDevice, subVendor: 0x1028, subDevice: 0x2245, class: 0x010802,
-			port: portEndpoint, maxGen: 5, maxWidth: 4, curGen: 4, curWidth: 4, driver: "nvme", nvme: u.nvmeIf}
+			port: portEndpoint, maxGen: 4, maxWidth: 4, curGen: 4, curWidth: 4, driver: "nvme", nvme: u.nvmeIf}
 		nic := &fxDev{addr: u.nic, vendor: 0x15b3, device: 0x1021, subVendor: 0x15b3, subDevice: 0x0041, class: 0x020000,
 			port: portEndpoint, maxGen: 5, maxWidth: 16, curGen: 5, curWidth: 16, driver: "mlx5_core", ibIf: u.ib,
 			netIf: fmt.Sprintf("ens%df0np0", 10+i)}
@@ -724,7 +724,35 @@ func h100HGX8() *fxMachine {
 			kids: []*fxDev{{addr: "0000:02:00.0", vendor: 0x1556, device: 0xbe00, class: 0x060400, kids: []*fxDev{
 				{addr: "0000:03:00.0", vendor: 0x102b, device: 0x0536, subVendor: 0x1028, subDevice: 0x0b1d, class: 0x030000, driver: "mgag200"}}}}},
 	}})
+	// NVML readings: 18 active NVLinks per GPU into the four NVSwitches,
+	// fabric registration complete, GPUs idle.
+	nv := &NVMLReadings{DriverVersion: "535.183.01", NVMLVersion: "12.535.183.01", CUDADriverVersion: 12020}
+	for i, u := range units {
+		d := NVMLDevice{
+			Index: i, Name: "NVIDIA H100 80GB HBM3", UUID: fmt.Sprintf("GPU-6a1f3e0c-52b7-4c0e-9d11-0000000000%02d", i),
+			Serial: fmt.Sprintf("16521230%05d", 4100+i), BoardPartNumber: "692-2G520-0200-000",
+			PCIBusID: u.gpu, PCIDeviceID: "2330", PCISubsystemID: "10de:16c1", VBIOS: "96.00.74.00.01",
+			InfoROMImage: "G520.0200.00.05", InfoROMValid: boolp(true),
+			MemoryTotalBytes: u64(85520809984), MemoryUsedBytes: u64(0), ComputeCapability: "9.0",
+			PowerUsageMW: u32(71000), PowerLimitMW: u32(700000), DefaultPowerLimitMW: u32(700000), EnforcedPowerLimitMW: u32(700000),
+			TemperatureC: u32(32), SlowdownC: u32(90), ShutdownC: u32(92), PerformanceState: intp(0),
+			UtilizationGPU: u32(0), Persistence: boolp(true), ComputeMode: "Default",
+			ECCEnabled: boolp(true), ECCPending: boolp(true), ECCVolatileCorrected: u64(0), ECCVolatileUncorrected: u64(0),
+			ECCAggregateCorrected: u64(0), ECCAggregateUncorrected: u64(0),
+			RemappedRows:      &NVMLRemappedRows{},
+			ClockEventReasons: u64(1), Throttle: decodeClockEventReasons(1),
+			PCIeCurrentGen: intp(5), PCIeMaxGen: intp(5), PCIeCurrentWidth: intp(16), PCIeMaxWidth: intp(16), PCIeReplays: u64(0),
+			MIGEnabled: boolp(false), MIGPending: boolp(false),
+			Fabric:   &NVMLFabric{State: "Completed", Status: "Success"},
+			NUMANode: intp(u.numa),
+		}
+		for l := 0; l < 18; l++ {
+			d.NVLinks = append(d.NVLinks, NVMLLink{Link: l, Active: true, Version: 4, RemotePCI: fmt.Sprintf("0000:%02x:00.0", 0x83+l%4), RemoteType: "nvswitch"})
+		}
+		nv.Devices = append(nv.Devices, d)
+	}
 	return &fxMachine{
+		nvml:      nv,
 		name:      "h100-hgx8-sysfs",
 		hostname:  "hgx-h100-03",
 		kernel:    "5.15.0-105-generic",
@@ -761,10 +789,12 @@ NVSwitches (83-86:00.0) behind a Microchip switch on root port 80:01.0
 (Gen4 x2, as in the capture); onboard Broadcom NICs and a Matrox BMC VGA.
 
 Differences from the capture: the switch device id (1000:c030) and the
-NVMe/NIC subsystem ids are illustrative; the NVMe links run Gen4 x4 on Gen5
-ports as the capture's 17:00.0 does; GPU 0000:19:00.0 carries the capture's
+NVMe/NIC subsystem ids are illustrative; the Gen4 NVMe drives run Gen4 x4 on
+Gen5 switch ports as the capture's 17:00.0 does; GPU 0000:19:00.0 carries the capture's
 AER correctable status (RxErr, BadTLP, Timeout). The fabric manager is
-installed and running. It serves BenchmarkDiscoverRecorded8GPU.
+installed and running. nvml.json holds idle readings: 18 active NVLinks per
+GPU into the NVSwitches and the fabric registered (Completed/Success). It
+serves BenchmarkDiscoverRecorded8GPU.
 `,
 	}
 }

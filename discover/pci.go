@@ -230,7 +230,8 @@ func (w *pciWalk) add(f *pciFunc) {
 func (w *pciWalk) device(dir, addr, kind string) *snapshot.PCIDevice {
 	d := &snapshot.PCIDevice{Address: addr, Kind: kind}
 	if v, ok := w.r.readString(dir + "/numa_node"); ok {
-		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+		// -1 is kept: the platform reports no affinity (see snapshot.GPU.NUMANode).
+		if n, err := strconv.Atoi(v); err == nil && n >= -1 {
 			d.NUMANode = snapshot.Ptr(n)
 		}
 	}

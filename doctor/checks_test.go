@@ -255,7 +255,9 @@ func twoSockets(s *snapshot.Snapshot) {
 	s.GPUs[1].Upstream = []string{"0000:95:01.0"}
 	s.GPUs[1].NUMANode = i(1)
 	for k := range s.GPUs {
+		// Consumer cards: no NVLink fabric that PCIe classes could hide.
 		s.GPUs[k].NVLinks = nil
+		s.GPUs[k].Model, s.GPUs[k].DeviceID = "NVIDIA GeForce RTX 4090", "2684"
 	}
 	s.Drivers.FabricManager = nil
 }

@@ -203,7 +203,8 @@ func checkPlacement(in *Input) []Finding {
 	var out []Finding
 	var unknown []*snapshot.GPU
 	for _, g := range gpus(s) {
-		if g.NUMANode != nil && *g.NUMANode < 0 {
+		// On a host known to have one NUMA node, -1 is normal.
+		if g.NUMANode != nil && *g.NUMANode < 0 && len(s.Host.NUMANodes) != 1 {
 			unknown = append(unknown, g)
 		}
 	}

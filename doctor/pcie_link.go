@@ -142,6 +142,11 @@ func otherLinkFindings(in *Input, gpuAddr map[string]bool) []Finding {
 			continue
 		}
 		isPort := d.Kind == snapshot.KindRootPort || d.Kind == snapshot.KindSwitchDown || d.Kind == snapshot.KindBridge
+		if isPort && hasGPUBelow(children[d.Address], gpuAddr) {
+			// The port's link is the GPU's own link, judged (with the
+			// GPU's activity) by gpuLinkFinding.
+			continue
+		}
 		var limiter *snapshot.PCIDevice
 		if isPort {
 			limiter = endpointLimit(l, children[d.Address])
@@ -224,4 +229,13 @@ func slotExplains(port, dev *snapshot.PCIeLink) bool {
 		return false
 	}
 	return true
+}
+
+func hasGPUBelow(below []*snapshot.PCIDevice, gpuAddr map[string]bool) bool {
+	for _, c := range below {
+		if gpuAddr[c.Address] || c.Kind == snapshot.KindGPU {
+			return true
+		}
+	}
+	return false
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"kiln.dev/kiln/snapshot"
+
 	"kiln.dev/kiln/topo"
 )
 
@@ -40,7 +42,7 @@ func checkTopology(in *Input) []Finding {
 	}
 	gi := m.GPUs()
 	var out []Finding
-	if len(gi) >= 2 {
+	if len(gi) >= 2 && !fabricUnread(in) {
 		best := ""
 		allKnown := true
 		close := false
@@ -139,4 +141,34 @@ func numaSummary(m *topo.Matrix) string {
 		parts = append(parts, label+": "+strings.Join(per[n], " "))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// fabricUnread is true when the GPUs are of a model with NVLink or xGMI but
+// no link state was read (lspci or sysfs alone): the PCIe classes then say
+// nothing about peer-to-peer, which runs over the fabric.
+func fabricUnread(in *Input) bool {
+	s := in.Snapshot
+	if len(s.Links) > 0 {
+		return false
+	}
+	for _, g := range s.GPUs {
+		if len(g.NVLinks) > 0 {
+			return false
+		}
+	}
+	for _, g := range s.GPUs {
+		m, ok := in.KB.GPUByDeviceID(g.Vendor, g.DeviceID)
+		if !ok {
+			m, ok = in.KB.GPUByName(g.Model)
+		}
+		if ok && (m.Interconnect == "nvlink" || m.Interconnect == "xgmi") && m.InterconnectLinks > 0 && (m.NVSwitch || m.Class == "datacenter") {
+			return true
+		}
+	}
+	for _, d := range s.PCI {
+		if d.Kind == snapshot.KindNVSwitch {
+			return true
+		}
+	}
+	return false
 }
