@@ -519,7 +519,7 @@ func readNVLinks(dev nvmlDevice, d *NVMLDevice, c *collector) {
 			continue
 		}
 		if !c.ok(fmt.Sprintf("nvmlDeviceGetNvLinkState(%d)", l), err) {
-			continue
+			break // one failure line is enough; the other links would repeat it
 		}
 		nl := NVMLLink{Link: l, Active: active}
 		if active {

@@ -242,6 +242,15 @@ func (x *goDevice) MaxClock(k clockKind) (uint32, error) {
 }
 
 func (x *goDevice) Temperature() (uint32, error) {
+	// The versioned call first: NVML 13 deprecates nvmlDeviceGetTemperature.
+	if x.g.has("nvmlDeviceGetTemperatureV") {
+		if t, ret := x.d.GetTemperatureV().V1(); ret == nvml.SUCCESS && t.Temperature >= 0 {
+			return uint32(t.Temperature), nil
+		}
+	}
+	if err := x.guard("nvmlDeviceGetTemperature"); err != nil {
+		return 0, err
+	}
 	v, ret := x.d.GetTemperature(nvml.TEMPERATURE_GPU)
 	return v, nvmlErr(ret)
 }

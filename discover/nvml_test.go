@@ -827,3 +827,16 @@ func FuzzNVMLReadingsApply(f *testing.F) {
 		}
 	})
 }
+
+func TestCollectNVMLLinkFailureReportedOnce(t *testing.T) {
+	d := h100()
+	d.errs["NVLink"] = errors.New("Insufficient Permissions")
+	r, err := collectNVML(context.Background(), &fakeLib{devices: []*fakeDevice{d}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := r.Devices[0]
+	if got.NVLinks != nil || len(got.Failures) != 1 || got.Failures[0] != "nvmlDeviceGetNvLinkState(0): Insufficient Permissions" {
+		t.Errorf("nvlinks %+v, failures %q; want no links and one failure", got.NVLinks, got.Failures)
+	}
+}
