@@ -11,6 +11,7 @@ import (
 
 	"kiln.dev/kiln/capture"
 	"kiln.dev/kiln/discover"
+	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
 )
 
@@ -37,12 +38,22 @@ func (f *sourceFlags) options() discover.Options {
 }
 
 // load returns the snapshot the flags name; args are more capture files.
+// The catalog completes model names the source left out (KFD and lspci give
+// only PCI ids).
 func (f *sourceFlags) load(ctx context.Context, args []string) (*snapshot.Snapshot, error) {
 	paths := append(append([]string(nil), f.from...), args...)
+	var s *snapshot.Snapshot
+	var err error
 	if len(paths) == 0 {
-		return discover.Run(ctx, f.options())
+		s, err = discover.Run(ctx, f.options())
+	} else {
+		s, err = loadPaths(ctx, paths)
 	}
-	return loadPaths(ctx, paths)
+	if err != nil {
+		return nil, err
+	}
+	kb.Default().Annotate(s)
+	return s, nil
 }
 
 // loadPaths reads captures, snapshot JSON files and record bundles, and
