@@ -220,15 +220,18 @@ func untarGz(data []byte) (fs.FS, error) {
 	if len(m) == 0 {
 		return nil, errors.New("tar holds no files")
 	}
-	mfs := newMemFS(m)
 	// Strip a common top-level folder.
 	top := ""
 	for name := range m {
 		first, _, _ := strings.Cut(name, "/")
 		if !strings.Contains(name, "/") || (top != "" && top != first) {
-			return mfs, nil
+			return newMemFS(m), nil
 		}
 		top = first
 	}
-	return mfs.Sub(top)
+	trimmed := make(map[string][]byte, len(m))
+	for name, b := range m {
+		trimmed[name[len(top)+1:]] = b
+	}
+	return newMemFS(trimmed), nil
 }

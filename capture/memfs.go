@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"path"
 	"sort"
-	"strings"
 	"time"
 )
 
@@ -20,26 +19,19 @@ type memFS struct {
 
 func newMemFS(files map[string][]byte) *memFS {
 	m := &memFS{files: files, dirs: map[string][]fs.DirEntry{".": nil}}
-	seen := map[string]bool{}
-	add := func(dir string, e fs.DirEntry) {
-		key := dir + "\x00" + e.Name()
-		if seen[key] {
-			return
-		}
-		seen[key] = true
-		m.dirs[dir] = append(m.dirs[dir], e)
-	}
+	registered := map[string]bool{".": true}
 	for name, data := range files {
-		p := name
-		isDir := false
-		var size int64 = int64(len(data))
-		for p != "." {
-			dir := path.Dir(p)
-			add(dir, memEntry{name: path.Base(p), dir: isDir, size: size})
-			if _, ok := m.dirs[p]; isDir && !ok {
-				m.dirs[p] = nil
+		dir := path.Dir(name)
+		m.dirs[dir] = append(m.dirs[dir], memEntry{name: path.Base(name), size: int64(len(data))})
+		// Register the directories up the chain, each once.
+		for dir != "." && !registered[dir] {
+			registered[dir] = true
+			parent := path.Dir(dir)
+			if _, ok := m.dirs[dir]; !ok {
+				m.dirs[dir] = nil
 			}
-			p, isDir, size = dir, true, 0
+			m.dirs[parent] = append(m.dirs[parent], memEntry{name: path.Base(dir), dir: true})
+			dir = parent
 		}
 	}
 	for _, es := range m.dirs {
@@ -73,18 +65,6 @@ func (m *memFS) ReadDir(name string) ([]fs.DirEntry, error) {
 		return append([]fs.DirEntry(nil), es...), nil
 	}
 	return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrNotExist}
-}
-
-// Sub returns the tree below dir.
-func (m *memFS) Sub(dir string) (fs.FS, error) {
-	files := map[string][]byte{}
-	prefix := dir + "/"
-	for n, b := range m.files {
-		if strings.HasPrefix(n, prefix) {
-			files[strings.TrimPrefix(n, prefix)] = b
-		}
-	}
-	return newMemFS(files), nil
 }
 
 type memEntry struct {
