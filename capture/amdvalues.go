@@ -1,6 +1,8 @@
 package capture
 
 import (
+	"kiln.dev/kiln/kb"
+
 	"fmt"
 	"math"
 	"strconv"
@@ -67,21 +69,7 @@ func amdInt(s string) (int, bool) {
 
 // amdGen maps a PCIe transfer rate in GT/s to its generation; 0 if unknown.
 func amdGen(gtps float64) int {
-	switch gtps {
-	case 2.5:
-		return 1
-	case 5:
-		return 2
-	case 8:
-		return 3
-	case 16:
-		return 4
-	case 32:
-		return 5
-	case 64:
-		return 6
-	}
-	return 0
+	return kb.Default().PCIeGenForGTps(gtps)
 }
 
 // amdSpeedWidth reads "16.0GT/s x16" (rocm-smi's PCIe DPM level) into a

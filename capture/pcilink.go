@@ -1,6 +1,8 @@
 package capture
 
 import (
+	"kiln.dev/kiln/kb"
+
 	"strconv"
 	"strings"
 )
@@ -22,21 +24,7 @@ func pcieGenFromGTps(s string) int {
 	if err != nil {
 		return 0
 	}
-	switch v {
-	case 2.5:
-		return 1
-	case 5:
-		return 2
-	case 8:
-		return 3
-	case 16:
-		return 4
-	case 32:
-		return 5
-	case 64:
-		return 6
-	}
-	return 0
+	return kb.Default().PCIeGenForGTps(v)
 }
 
 // lnkSpeedWidth reads the speed and width of an lspci LnkCap or LnkSta

@@ -397,21 +397,8 @@ func ParseLinkSpeed(s string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("link speed %q: %q is not a rate in GT/s", s, strings.TrimSpace(num))
 	}
-	switch rate {
-	case 2.5:
-		return 1, nil
-	case 5:
-		return 2, nil
-	case 8:
-		return 3, nil
-	case 16:
-		return 4, nil
-	case 32:
-		return 5, nil
-	case 64:
-		return 6, nil
-	case 128:
-		return 7, nil
+	if gen := kb.Default().PCIeGenForGTps(rate); gen > 0 {
+		return gen, nil
 	}
 	return 0, fmt.Errorf("link speed %q: %v GT/s is no PCIe generation kiln knows", s, rate)
 }
