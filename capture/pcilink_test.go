@@ -8,7 +8,7 @@ func TestPCIeGenFromGTps(t *testing.T) {
 		want int
 	}{
 		{"2.5GT/s", 1}, {"5GT/s", 2}, {"5.0 GT/s PCIe", 2}, {"8GT/s", 3}, {"16.0 GT/s", 4},
-		{"32GT/s", 5}, {"64GT/s", 6}, {"128GT/s", 0}, {"unknown", 0}, {"", 0}, {"1.2.3GT/s", 0},
+		{"32GT/s", 5}, {"64GT/s", 6}, {"128GT/s", 7}, {"unknown", 0}, {"", 0}, {"1.2.3GT/s", 0},
 	} {
 		if got := pcieGenFromGTps(c.in); got != c.want {
 			t.Errorf("pcieGenFromGTps(%q) = %d, want %d", c.in, got, c.want)
