@@ -47,10 +47,10 @@ func TestSchemaUpToDate(t *testing.T) {
 
 func TestDecodeRejects(t *testing.T) {
 	cases := map[string]string{
-		"no version":   `{"gpus":[]}`,
-		"newer":        `{"schema_version": 99, "gpus":[]}`,
-		"unknown key":  `{"schema_version": 1, "gpus":[], "gpu_count": 3}`,
-		"not json":     `nvidia-smi`,
+		"no version":  `{"gpus":[]}`,
+		"newer":       `{"schema_version": 99, "gpus":[]}`,
+		"unknown key": `{"schema_version": 1, "gpus":[], "gpu_count": 3}`,
+		"not json":    `nvidia-smi`,
 	}
 	for name, in := range cases {
 		if _, err := Decode(strings.NewReader(in)); err == nil {

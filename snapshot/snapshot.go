@@ -86,17 +86,17 @@ type Claim struct {
 
 // Host describes the machine outside its GPUs.
 type Host struct {
-	Hostname      string `json:"hostname,omitempty"`
-	OS            string `json:"os,omitempty"`         // ID from os-release: debian, ubuntu, rhel
-	OSVersion     string `json:"os_version,omitempty"` // VERSION_ID
-	OSPrettyName  string `json:"os_pretty_name,omitempty"`
-	Kernel        string `json:"kernel,omitempty"`
-	Arch          string `json:"arch,omitempty"` // x86_64, aarch64
-	CPUModel      string `json:"cpu_model,omitempty"`
-	CPUs          int    `json:"cpus,omitempty"`
-	MemoryBytes   uint64 `json:"memory_bytes,omitempty"`
-	Virtualized   string `json:"virtualized,omitempty"` // hypervisor or pass-through mode when known
-	NUMANodes     []NUMANode `json:"numa_nodes,omitempty"`
+	Hostname     string     `json:"hostname,omitempty"`
+	OS           string     `json:"os,omitempty"`         // ID from os-release: debian, ubuntu, rhel
+	OSVersion    string     `json:"os_version,omitempty"` // VERSION_ID
+	OSPrettyName string     `json:"os_pretty_name,omitempty"`
+	Kernel       string     `json:"kernel,omitempty"`
+	Arch         string     `json:"arch,omitempty"` // x86_64, aarch64
+	CPUModel     string     `json:"cpu_model,omitempty"`
+	CPUs         int        `json:"cpus,omitempty"`
+	MemoryBytes  uint64     `json:"memory_bytes,omitempty"`
+	Virtualized  string     `json:"virtualized,omitempty"` // hypervisor or pass-through mode when known
+	NUMANodes    []NUMANode `json:"numa_nodes,omitempty"`
 	// CPUSet is the set of CPUs the collecting process could run on, in
 	// kernel list form ("0-63"). When it is smaller than the host's CPUs the
 	// capture describes a container's cpuset, not the host.
@@ -125,7 +125,7 @@ type Drivers struct {
 	// CUDADriver is the highest CUDA version the driver supports, "12.2".
 	CUDADriver string `json:"cuda_driver,omitempty"`
 	// NVIDIAOpenKernel is true when the open kernel modules are loaded.
-	NVIDIAOpenKernel *bool         `json:"nvidia_open_kernel,omitempty"`
+	NVIDIAOpenKernel *bool          `json:"nvidia_open_kernel,omitempty"`
 	FabricManager    *FabricManager `json:"fabric_manager,omitempty"`
 
 	AMDGPU string `json:"amdgpu,omitempty"` // amdgpu module version
@@ -305,10 +305,10 @@ type ECC struct {
 	// Supported is false when the GPU has no ECC (most consumer cards).
 	Supported *bool `json:"supported,omitempty"`
 	// Counters since the last driver load (volatile) and over the GPU's life (aggregate).
-	VolatileCorrectable     *uint64 `json:"volatile_correctable,omitempty"`
-	VolatileUncorrectable   *uint64 `json:"volatile_uncorrectable,omitempty"`
-	AggregateCorrectable    *uint64 `json:"aggregate_correctable,omitempty"`
-	AggregateUncorrectable  *uint64 `json:"aggregate_uncorrectable,omitempty"`
+	VolatileCorrectable    *uint64 `json:"volatile_correctable,omitempty"`
+	VolatileUncorrectable  *uint64 `json:"volatile_uncorrectable,omitempty"`
+	AggregateCorrectable   *uint64 `json:"aggregate_correctable,omitempty"`
+	AggregateUncorrectable *uint64 `json:"aggregate_uncorrectable,omitempty"`
 }
 
 // RetiredPages is NVIDIA's page retirement (pre-Ampere).
@@ -428,21 +428,21 @@ type Link struct {
 
 // PCI device kinds.
 const (
-	KindGPU          = "gpu"
-	KindNVSwitch     = "nvswitch"
-	KindNIC          = "nic"
-	KindNVMe         = "nvme"
-	KindRootPort     = "root-port"
-	KindSwitchUp     = "switch-upstream"
-	KindSwitchDown   = "switch-downstream"
-	KindBridge       = "bridge"
-	KindHostBridge   = "host-bridge"
-	KindOther        = "other"
+	KindGPU        = "gpu"
+	KindNVSwitch   = "nvswitch"
+	KindNIC        = "nic"
+	KindNVMe       = "nvme"
+	KindRootPort   = "root-port"
+	KindSwitchUp   = "switch-upstream"
+	KindSwitchDown = "switch-downstream"
+	KindBridge     = "bridge"
+	KindHostBridge = "host-bridge"
+	KindOther      = "other"
 )
 
 // PCIDevice is one PCI function in the tree around the GPUs.
 type PCIDevice struct {
-	Address  string `json:"address"` // canonical dddd:bb:dd.f
+	Address  string `json:"address"`             // canonical dddd:bb:dd.f
 	VendorID string `json:"vendor_id,omitempty"` // "10de"
 	DeviceID string `json:"device_id,omitempty"`
 	// Class is the 6-hex-digit class code ("030200") or its first 4 digits.
