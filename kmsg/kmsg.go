@@ -11,6 +11,11 @@
 // text"), journalctl -k and syslog files ("Feb 27 15:10:02 host kernel:
 // text"), and /dev/kmsg records ("6,1234,5678901,-;text"). Input is read line
 // by line; memory stays bounded however long the log is.
+//
+// An event's Message starts with the line that reported it (a report the
+// kernel wrapped over several lines is joined into one); the detail lines
+// that belong to it, such as an Xid's GSP RPC history dump or the status
+// lines of an AER report, follow one per line, within a bounded size.
 package kmsg
 
 import (
