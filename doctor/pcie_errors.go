@@ -195,9 +195,25 @@ func eventLines(evs []snapshot.Event, max int) []string {
 		if t != "" {
 			t = "[" + t + "] "
 		}
-		out = append(out, t+e.Message)
+		out = append(out, t+firstLine(e.Message, 240))
 	}
 	return out
+}
+
+// firstLine keeps an event's first line (multi-line events carry dumps) and
+// at most max bytes of it.
+func firstLine(s string, max int) string {
+	more := false
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s, more = s[:i], true
+	}
+	if len(s) > max {
+		s, more = s[:max], true
+	}
+	if more {
+		s += " ..."
+	}
+	return s
 }
 
 func allIn(xs []string, want string) bool {
