@@ -12,6 +12,8 @@ import (
 	"kiln.dev/kiln/snapshot"
 )
 
+func init() { addCommand(newDoctorCmd) }
+
 func newDoctorCmd() *cobra.Command {
 	var src sourceFlags
 	var format string

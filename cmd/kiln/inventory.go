@@ -12,6 +12,8 @@ import (
 	"kiln.dev/kiln/snapshot"
 )
 
+func init() { addCommand(newInventoryCmd) }
+
 func newInventoryCmd() *cobra.Command {
 	var src sourceFlags
 	var format, record string

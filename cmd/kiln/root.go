@@ -44,9 +44,16 @@ Start with:
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log what kiln reads, to standard error")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newInventoryCmd(), newTopoCmd(), newDoctorCmd())
+	for _, c := range commands {
+		root.AddCommand(c())
+	}
 	return root
 }
+
+// commands are the subcommands; each command's file adds itself in init.
+var commands []func() *cobra.Command
+
+func addCommand(c func() *cobra.Command) { commands = append(commands, c) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot(stdout, stderr)

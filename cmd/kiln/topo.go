@@ -9,6 +9,8 @@ import (
 	"kiln.dev/kiln/topo"
 )
 
+func init() { addCommand(newTopoCmd) }
+
 func newTopoCmd() *cobra.Command {
 	var src sourceFlags
 	var output, format string
