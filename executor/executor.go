@@ -1,0 +1,89 @@
+// Package executor runs jobs inside leases on a node: a process executor
+// (environment per GPU vendor, MPS limits for fractions, cgroup limits) and
+// a container executor (containerd, GPUs injected through CDI). The agent
+// chooses one per job; both satisfy Executor.
+package executor
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// Device is one GPU (or MIG instance, or fraction of a GPU) granted to a job.
+type Device struct {
+	// Vendor is "nvidia", "amd" or "intel".
+	Vendor string
+	// Index is the device's index as the vendor's runtime numbers it
+	// (CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES value).
+	Index int
+	// PCIAddress is canonical dddd:bb:dd.f.
+	PCIAddress string
+	// UUID is the GPU's (or MIG instance's) UUID where known; NVIDIA's
+	// runtime accepts it in CUDA_VISIBLE_DEVICES.
+	UUID string
+	// CDIName is the fully qualified CDI device name ("kiln.dev/gpu=0").
+	CDIName string
+	// Share is set for a fractional lease.
+	Share *Share
+}
+
+// Share is the part of a GPU a fractional lease gets and how it is enforced.
+type Share struct {
+	// MilliGPU is the compute share in thousandths of the GPU.
+	MilliGPU int
+	// MemoryBytes is the memory the job may use.
+	MemoryBytes uint64
+	// Isolation is "mig" (hardware), "mps" (enforced memory limit and
+	// thread percentage) or "time-slicing" (none).
+	Isolation string
+}
+
+// Limits are host resource limits for a job.
+type Limits struct {
+	CPUMilli    int
+	MemoryBytes uint64
+}
+
+// Job is one command or image to run inside a lease.
+type Job struct {
+	ID      string
+	LeaseID string
+	// Command is argv; for a container job it overrides the image's
+	// entrypoint when set.
+	Command []string
+	// Image is an OCI reference for container jobs; empty for processes.
+	Image   string
+	Env     map[string]string
+	WorkDir string
+	Devices []Device
+	Limits  Limits
+}
+
+// Exit is how a job ended.
+type Exit struct {
+	Code     int
+	Signal   string
+	Reason   string // "exited", "killed", "preempted", "expired", "failed to start"
+	Finished time.Time
+}
+
+// Executor starts jobs.
+type Executor interface {
+	// Name is "process" or "containerd".
+	Name() string
+	// Start launches the job and returns at once; the job runs until it
+	// exits or Stop is called.
+	Start(ctx context.Context, job Job) (Handle, error)
+}
+
+// Handle is a running job.
+type Handle interface {
+	// Logs streams the job's combined stdout and stderr from the start;
+	// each call returns a new reader. Readers end when the job ends.
+	Logs() io.ReadCloser
+	// Wait blocks until the job ends.
+	Wait(ctx context.Context) (Exit, error)
+	// Stop asks the job to end (SIGTERM), then kills it after grace.
+	Stop(ctx context.Context, grace time.Duration) error
+}
