@@ -23,6 +23,13 @@ type KB struct {
 	CUDA          []CUDARelease  `json:"cuda"`
 	XIDs          []XID          `json:"xids"`
 	MIG           []MIGModel     `json:"mig"`
+	// CUDAArchs, ForwardCompat, Frameworks, ROCm and ROCmKMD are the
+	// tables kiln compat reads (kb/compat.go).
+	CUDAArchs     []CUDAArch          `json:"cuda_archs"`
+	ForwardCompat []ForwardCompatRule `json:"forward_compat"`
+	Frameworks    []FrameworkBuild    `json:"frameworks"`
+	ROCm          []ROCmRelease       `json:"rocm"`
+	ROCmKMD       []ROCmKMD           `json:"rocm_kmd"`
 }
 
 // GPUModel is one GPU model (one PCI device id, or one marketing name).
@@ -139,6 +146,11 @@ func Load(fsys fileReader) (*KB, error) {
 		{"data/cuda.yaml", &k.CUDA},
 		{"data/xid.yaml", &k.XIDs},
 		{"data/mig.yaml", &k.MIG},
+		{"data/cuda-arch.yaml", &k.CUDAArchs},
+		{"data/cuda-forward-compat.yaml", &k.ForwardCompat},
+		{"data/frameworks.yaml", &k.Frameworks},
+		{"data/rocm.yaml", &k.ROCm},
+		{"data/rocm-kmd.yaml", &k.ROCmKMD},
 	}
 	for _, f := range files {
 		b, err := fsys.ReadFile(f.name)

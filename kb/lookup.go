@@ -33,6 +33,9 @@ func (k *KB) validate() error {
 			errs = append(errs, fmt.Errorf("kb: xid row %d: code, severity and source are required", i))
 		}
 	}
+	if err := k.validateCompat(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := k.validateMIG(); err != nil {
 		errs = append(errs, err)
 	}

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Runs kiln's whole test suite: vet, then every test with the race detector.
 # It installs what the tests need on a fresh Debian machine (Go must be
-# there already; gcc is needed for the race detector and the NVML binding).
+# there already; gcc is needed for the race detector and the NVML binding,
+# docker-registry for the compat tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+# The compat integration tests push images to a real registry: Debian's
+# docker-registry (the CNCF distribution registry), started by the tests
+# themselves on a loopback port.
+[ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
 if [ ${#need_apt[@]} -gt 0 ]; then
 	echo "installing ${need_apt[*]}"
 	if [ "$(id -u)" = 0 ]; then
