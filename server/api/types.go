@@ -1,0 +1,421 @@
+// Package api holds the wire types of kiln's HTTP/JSON API (/v1) and a
+// small client for it. The server, the agent and the CLI share these types;
+// server/openapi.yaml describes the same shapes.
+package api
+
+import (
+	"time"
+
+	"kiln.dev/kiln/snapshot"
+)
+
+// Roles.
+const (
+	RoleAdmin  = "admin"
+	RoleMember = "member"
+)
+
+// Lease states. Queued, Granted and Stopping are live; the others are final.
+const (
+	LeaseQueued    = "queued"
+	LeaseGranted   = "granted"
+	LeaseStopping  = "stopping"  // preempted, expiring or cancelled with a job still running
+	LeaseDone      = "done"      // released by its user or its job ended
+	LeaseCancelled = "cancelled" // cancelled before it was granted
+	LeaseRefused   = "refused"   // can never be granted as asked; Reason says why
+	LeasePreempted = "preempted"
+	LeaseExpired   = "expired"
+	LeaseLost      = "lost" // its node stopped answering
+)
+
+// LeaseFinal reports whether a lease state is final.
+func LeaseFinal(state string) bool {
+	switch state {
+	case LeaseQueued, LeaseGranted, LeaseStopping:
+		return false
+	}
+	return true
+}
+
+// Isolation of a fractional lease, strongest first.
+const (
+	IsolationMIG         = "mig"          // hardware partition
+	IsolationMPS         = "mps"          // thread percentage and enforced memory limit
+	IsolationTimeSlicing = "time-slicing" // none: the GPU is shared in time
+	IsolationExclusive   = "exclusive"    // a whole GPU
+)
+
+// Job states.
+const (
+	JobPending  = "pending" // waiting for its lease
+	JobAssigned = "assigned"
+	JobRunning  = "running"
+	JobExited   = "exited"
+	JobFailed   = "failed" // could not start
+	JobLost     = "lost"
+	JobStopped  = "stopped" // never started: its lease ended first
+)
+
+// JobFinal reports whether a job state is final.
+func JobFinal(state string) bool {
+	switch state {
+	case JobPending, JobAssigned, JobRunning:
+		return false
+	}
+	return true
+}
+
+// Node states.
+const (
+	NodeReady = "ready"
+	NodeLost  = "lost"
+)
+
+// LeaseRequest asks for GPUs. Exactly one of GPUs, Fraction and MIG is set.
+type LeaseRequest struct {
+	Project string `json:"project"`
+	Name    string `json:"name,omitempty"`
+	// GPUs is a number of whole GPUs.
+	GPUs int `json:"gpus,omitempty"`
+	// Fraction is the compute share of one GPU, 0 < Fraction < 1.
+	Fraction float64 `json:"fraction,omitempty"`
+	// MemoryBytes is the GPU memory a fractional lease needs.
+	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
+	// MIG is a MIG profile ("1g.10gb") or a MIG device UUID.
+	MIG         string      `json:"mig,omitempty"`
+	Constraints Constraints `json:"constraints,omitzero"`
+	// TimeLimitSeconds ends the lease; 0 takes the server's default.
+	TimeLimitSeconds int  `json:"time_limit_s,omitempty"`
+	Priority         int  `json:"priority,omitempty"`
+	Preemptible      bool `json:"preemptible,omitempty"`
+	// Job, when set, runs as soon as the lease is granted; the lease ends
+	// when the job ends.
+	Job *JobSpec `json:"job,omitempty"`
+}
+
+// Constraints narrow where a lease may be placed.
+type Constraints struct {
+	Vendor       string `json:"vendor,omitempty"`
+	Model        string `json:"model,omitempty"`        // substring of the model name, case-insensitive
+	Architecture string `json:"architecture,omitempty"` // hopper, ada, cdna3
+	// MinMemoryBytes is the least memory each GPU must have.
+	MinMemoryBytes       uint64 `json:"min_memory_bytes,omitempty"`
+	MinComputeCapability string `json:"min_compute_capability,omitempty"` // "8.0"
+	MinDriver            string `json:"min_driver,omitempty"`             // "535.104"
+	MinCUDA              string `json:"min_cuda,omitempty"`               // "12.2": the driver must support it
+	SameNVLinkIsland     bool   `json:"same_nvlink_island,omitempty"`
+	SameNUMA             bool   `json:"same_numa,omitempty"`
+	// Gang lets the GPUs come from several nodes, all granted at once.
+	Gang  bool     `json:"gang,omitempty"`
+	Nodes []string `json:"nodes,omitempty"`
+}
+
+// JobSpec is a command or an image to run inside a lease.
+type JobSpec struct {
+	Command []string          `json:"command,omitempty"`
+	Image   string            `json:"image,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	WorkDir string            `json:"workdir,omitempty"`
+}
+
+// DeviceGrant is one GPU, MIG instance or share of a GPU in a lease.
+type DeviceGrant struct {
+	// ID is the unit's id on its node: "gpu3", "gpu0/mig-1.0".
+	ID          string `json:"id"`
+	Vendor      string `json:"vendor"`
+	Index       int    `json:"index"`
+	PCIAddress  string `json:"pci_address,omitempty"`
+	UUID        string `json:"uuid,omitempty"`
+	Model       string `json:"model,omitempty"`
+	MilliGPU    int    `json:"milli_gpu"`
+	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
+	Isolation   string `json:"isolation"`
+}
+
+// Allocation is the part of a lease on one node.
+type Allocation struct {
+	Node    string        `json:"node"`
+	Devices []DeviceGrant `json:"devices"`
+}
+
+// Lease is GPUs granted (or asked for) for a time.
+type Lease struct {
+	ID      string       `json:"id"`
+	Project string       `json:"project"`
+	User    string       `json:"user"`
+	State   string       `json:"state"`
+	Reason  string       `json:"reason,omitempty"`
+	Request LeaseRequest `json:"request"`
+	// Allocations are set once granted.
+	Allocations []Allocation `json:"allocations,omitempty"`
+	// Isolation is the weakest isolation among the lease's devices.
+	Isolation string `json:"isolation,omitempty"`
+	// QueuePosition is 1 for the next lease to be granted; 0 when not queued.
+	QueuePosition  int        `json:"queue_position,omitempty"`
+	EstimatedStart *time.Time `json:"estimated_start,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	GrantedAt      *time.Time `json:"granted_at,omitempty"`
+	EndsAt         *time.Time `json:"ends_at,omitempty"`
+	EndedAt        *time.Time `json:"ended_at,omitempty"`
+	// StopDeadline is when a stopping lease's jobs are killed.
+	StopDeadline *time.Time `json:"stop_deadline,omitempty"`
+	Jobs         []string   `json:"jobs,omitempty"`
+	// GPUs is the number of GPU equivalents the lease holds or asks for.
+	GPUs float64 `json:"gpus_equivalent"`
+}
+
+// Job is one command or image run inside a lease.
+type Job struct {
+	ID       string     `json:"id"`
+	LeaseID  string     `json:"lease_id"`
+	Project  string     `json:"project"`
+	State    string     `json:"state"`
+	Spec     JobSpec    `json:"spec"`
+	Tasks    []Task     `json:"tasks,omitempty"`
+	ExitCode *int       `json:"exit_code,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+	Created  time.Time  `json:"created_at"`
+	Started  *time.Time `json:"started_at,omitempty"`
+	Finished *time.Time `json:"finished_at,omitempty"`
+}
+
+// Task is a job's part on one node (a gang job has one per node).
+type Task struct {
+	Node     string `json:"node"`
+	Rank     int    `json:"rank"`
+	State    string `json:"state"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// Device is one allocatable unit on a node.
+type Device struct {
+	ID                string `json:"id"`
+	Vendor            string `json:"vendor"`
+	Index             int    `json:"index"`
+	Model             string `json:"model,omitempty"`
+	Architecture      string `json:"architecture,omitempty"`
+	ComputeCapability string `json:"compute_capability,omitempty"`
+	PCIAddress        string `json:"pci_address,omitempty"`
+	UUID              string `json:"uuid,omitempty"`
+	MemoryBytes       uint64 `json:"memory_bytes,omitempty"`
+	NUMANode          *int   `json:"numa_node,omitempty"`
+	// Island names the NVLink or xGMI island the GPU belongs to.
+	Island string `json:"island,omitempty"`
+	// MIGProfile is set on a MIG instance; its Parent is the GPU's id.
+	MIGProfile string `json:"mig_profile,omitempty"`
+	Parent     string `json:"parent,omitempty"`
+	// MIGMode is true on a GPU whose MIG mode is on: only its instances are leased.
+	MIGMode bool `json:"mig_mode,omitempty"`
+	// Isolation is the strongest sharing the unit supports for fractions.
+	Isolation   string   `json:"isolation"`
+	Drained     bool     `json:"drained,omitempty"`
+	DrainReason string   `json:"drain_reason,omitempty"`
+	UsedMilli   int      `json:"used_milli"`
+	Leases      []string `json:"leases,omitempty"`
+	// Held is set while a lost lease still holds the device.
+	Held bool `json:"held,omitempty"`
+}
+
+// Node is one machine running an agent.
+type Node struct {
+	ID       string    `json:"id"`
+	State    string    `json:"state"`
+	LastSeen time.Time `json:"last_seen"`
+	Hostname string    `json:"hostname,omitempty"`
+	// Recorded is true when the agent replays a recorded machine: its GPUs
+	// are not real.
+	Recorded bool      `json:"recorded,omitempty"`
+	Executor string    `json:"executor,omitempty"`
+	Driver   string    `json:"driver,omitempty"`
+	CUDA     string    `json:"cuda,omitempty"`
+	Devices  []Device  `json:"devices"`
+	Findings []Finding `json:"findings,omitempty"`
+	Joined   time.Time `json:"joined_at"`
+	Free     float64   `json:"free_gpus"`
+	Total    int       `json:"total_gpus"`
+}
+
+// Finding is a doctor finding the agent reports with its snapshot.
+type Finding struct {
+	ID       string   `json:"id"`
+	Severity string   `json:"severity"`
+	Title    string   `json:"title"`
+	Devices  []string `json:"devices,omitempty"`
+}
+
+// Error is the body of every error response.
+type Error struct {
+	Status  int    `json:"-"`
+	Message string `json:"error"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// User is a person or robot with tokens.
+type User struct {
+	ID       string    `json:"id"`
+	Name     string    `json:"name"`
+	Role     string    `json:"role"`
+	Projects []string  `json:"projects,omitempty"`
+	Created  time.Time `json:"created_at"`
+}
+
+// Project is a group of users sharing quotas and a fair-share weight.
+type Project struct {
+	Name string `json:"name"`
+	// Weight is the project's fair share relative to the others.
+	Weight float64 `json:"weight"`
+	// MaxGPUs limits the GPU equivalents held at once; 0: no limit.
+	MaxGPUs float64 `json:"max_gpus,omitempty"`
+	// GPUHours limits use per period; 0: no limit.
+	GPUHours      float64  `json:"gpu_hours,omitempty"`
+	PeriodSeconds int      `json:"period_s,omitempty"`
+	Members       []string `json:"members,omitempty"`
+	// Usage figures, filled by the server.
+	HeldGPUs    float64 `json:"held_gpus"`
+	UsedHours   float64 `json:"used_gpu_hours"`
+	QueuedLease int     `json:"queued_leases"`
+}
+
+// TokenRequest creates an API token for a user (admins: any user, and the
+// user is created when missing).
+type TokenRequest struct {
+	User     string   `json:"user,omitempty"`
+	Role     string   `json:"role,omitempty"`
+	Projects []string `json:"projects,omitempty"`
+	Name     string   `json:"name,omitempty"`
+	// TTLSeconds; 0: no expiry.
+	TTLSeconds int `json:"ttl_s,omitempty"`
+}
+
+// Token is an API token; Secret is shown once, at creation.
+type Token struct {
+	ID      string     `json:"id"`
+	User    string     `json:"user"`
+	Name    string     `json:"name,omitempty"`
+	Secret  string     `json:"token,omitempty"`
+	Created time.Time  `json:"created_at"`
+	Expires *time.Time `json:"expires_at,omitempty"`
+}
+
+// JoinTokenRequest creates a join token for agents.
+type JoinTokenRequest struct {
+	TTLSeconds int `json:"ttl_s,omitempty"`
+}
+
+// JoinToken lets agents join; Command is the line to run on a node.
+type JoinToken struct {
+	ID      string    `json:"id"`
+	Secret  string    `json:"token"`
+	Expires time.Time `json:"expires_at"`
+	Command string    `json:"command"`
+}
+
+// DrainRequest drains devices of a node (all when Devices is empty).
+type DrainRequest struct {
+	Devices []string `json:"devices,omitempty"`
+	Reason  string   `json:"reason,omitempty"`
+	// Undrain returns the devices to service.
+	Undrain bool `json:"undrain,omitempty"`
+	// ClearLost frees devices that leases of a lost node still hold.
+	ClearLost bool `json:"clear_lost,omitempty"`
+}
+
+// Event is one entry of the server's event log.
+type Event struct {
+	Seq     int64     `json:"seq"`
+	At      time.Time `json:"at"`
+	Kind    string    `json:"kind"`
+	Subject string    `json:"subject"`
+	Project string    `json:"project,omitempty"`
+	Message string    `json:"message"`
+}
+
+// WhoAmI describes the caller.
+type WhoAmI struct {
+	User     string   `json:"user,omitempty"`
+	Role     string   `json:"role,omitempty"`
+	Projects []string `json:"projects,omitempty"`
+	Node     string   `json:"node,omitempty"`
+}
+
+// Agent protocol.
+
+// JoinRequest is sent by a new agent with the join token and a CSR.
+type JoinRequest struct {
+	Token  string `json:"token"`
+	Node   string `json:"node"`
+	CSRPEM string `json:"csr_pem"`
+}
+
+// JoinResponse carries the agent's certificate.
+type JoinResponse struct {
+	Node    string `json:"node"`
+	CertPEM string `json:"cert_pem"`
+	CAPEM   string `json:"ca_pem"`
+}
+
+// RegisterRequest is the agent's snapshot, sent at start and on change.
+type RegisterRequest struct {
+	Snapshot *snapshot.Snapshot `json:"snapshot"`
+	Findings []Finding          `json:"findings,omitempty"`
+	Recorded bool               `json:"recorded,omitempty"`
+	Executor string             `json:"executor,omitempty"`
+	// Running lists the jobs the agent runs now.
+	Running []string `json:"running,omitempty"`
+}
+
+// Heartbeat says the agent is alive and what it runs.
+type Heartbeat struct {
+	Running []string `json:"running"`
+	// WaitMS lets the server hold the answer until it has work, at most
+	// this long.
+	WaitMS int `json:"wait_ms,omitempty"`
+}
+
+// HeartbeatReply tells the agent what to start and stop.
+type HeartbeatReply struct {
+	Start []Assignment `json:"start,omitempty"`
+	Stop  []StopOrder  `json:"stop,omitempty"`
+	// Register asks the agent to send its snapshot again.
+	Register bool `json:"register,omitempty"`
+}
+
+// Assignment is one task the agent must run.
+type Assignment struct {
+	JobID   string        `json:"job_id"`
+	LeaseID string        `json:"lease_id"`
+	Project string        `json:"project"`
+	Spec    JobSpec       `json:"spec"`
+	Devices []DeviceGrant `json:"devices"`
+	Rank    int           `json:"rank"`
+	Size    int           `json:"size"`
+	EndsAt  *time.Time    `json:"ends_at,omitempty"`
+}
+
+// StopOrder asks the agent to stop a job after a grace period.
+type StopOrder struct {
+	JobID   string `json:"job_id"`
+	GraceMS int    `json:"grace_ms"`
+	Reason  string `json:"reason"`
+	// Notice is written to the job's log before it is signalled.
+	Notice string `json:"notice,omitempty"`
+}
+
+// ExitReport is how a task ended.
+type ExitReport struct {
+	Code   int    `json:"code"`
+	Signal string `json:"signal,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// LeaseList is the answer of GET /v1/leases.
+type LeaseList struct {
+	Leases []Lease `json:"leases"`
+}
+
+// NodeList is the answer of GET /v1/nodes.
+type NodeList struct {
+	Nodes []Node `json:"nodes"`
+}

@@ -1,0 +1,268 @@
+package store
+
+import (
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/snapshot"
+)
+
+// NodeRecord is a node as stored: the API view, its last snapshot and the
+// fingerprint of the certificate it joined with.
+type NodeRecord struct {
+	Node       api.Node           `json:"node"`
+	Snapshot   *snapshot.Snapshot `json:"snapshot,omitempty"`
+	CertSHA256 string             `json:"cert_sha256"`
+}
+
+// PutNode writes a node.
+func (t *Tx) PutNode(r NodeRecord) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return t.exec(`INSERT INTO nodes(id,cert_sha256,state,data,updated_at) VALUES(?,?,?,?,?)
+ON CONFLICT(id) DO UPDATE SET cert_sha256=excluded.cert_sha256, state=excluded.state, data=excluded.data, updated_at=excluded.updated_at`,
+		r.Node.ID, r.CertSHA256, r.Node.State, string(b), timeText(time.Now()))
+}
+
+// SetNodeState changes only a node's state.
+func (t *Tx) SetNodeState(id, state string) error {
+	return t.exec(`UPDATE nodes SET state=?, data=json_set(data,'$.node.state',?), updated_at=? WHERE id=?`, state, state, timeText(time.Now()), id)
+}
+
+// Nodes reads every node.
+func (t *Tx) Nodes() ([]NodeRecord, error) {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT data FROM nodes ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []NodeRecord
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var r NodeRecord
+		if err := json.Unmarshal([]byte(data), &r); err != nil {
+			return nil, fmt.Errorf("node row: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// DeviceState is the part of a device the server must remember across
+// restarts and re-registrations: whether it is drained and why.
+type DeviceState struct {
+	Drained bool
+	Reason  string
+}
+
+// PutDevice writes a device's drain state.
+func (t *Tx) PutDevice(node, id string, st DeviceState) error {
+	d := 0
+	if st.Drained {
+		d = 1
+	}
+	return t.exec(`INSERT INTO devices(node,id,drained,drain_reason) VALUES(?,?,?,?)
+ON CONFLICT(node,id) DO UPDATE SET drained=excluded.drained, drain_reason=excluded.drain_reason`, node, id, d, st.Reason)
+}
+
+// Devices reads the drain states of a node's devices.
+func (t *Tx) Devices(node string) (map[string]DeviceState, error) {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id,drained,drain_reason FROM devices WHERE node=?`, node)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]DeviceState{}
+	for rows.Next() {
+		var id, reason string
+		var d int
+		if err := rows.Scan(&id, &d, &reason); err != nil {
+			return nil, err
+		}
+		out[id] = DeviceState{Drained: d != 0, Reason: reason}
+	}
+	return out, rows.Err()
+}
+
+// PutLease writes a lease.
+func (t *Tx) PutLease(l *api.Lease) error {
+	cp := *l
+	cp.QueuePosition, cp.EstimatedStart = 0, nil // derived, not stored
+	b, err := json.Marshal(&cp)
+	if err != nil {
+		return err
+	}
+	return t.exec(`INSERT INTO leases(id,project,state,created_at,data) VALUES(?,?,?,?,?)
+ON CONFLICT(id) DO UPDATE SET state=excluded.state, data=excluded.data`, l.ID, l.Project, l.State, timeText(l.CreatedAt), string(b))
+}
+
+// Lease reads one lease.
+func (t *Tx) Lease(id string) (*api.Lease, error) {
+	var data string
+	err := t.tx.QueryRowContext(t.ctx, `SELECT data FROM leases WHERE id=?`, id).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("lease %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var l api.Lease
+	return &l, json.Unmarshal([]byte(data), &l)
+}
+
+// LeaseFilter selects leases.
+type LeaseFilter struct {
+	Projects []string // empty: all
+	States   []string // empty: all
+	Limit    int      // 0: 1000
+}
+
+// Leases lists leases, newest first.
+func (t *Tx) Leases(f LeaseFilter) ([]*api.Lease, error) {
+	q := `SELECT data FROM leases WHERE 1=1`
+	var args []any
+	q, args = inClause(q, args, "project", f.Projects)
+	q, args = inClause(q, args, "state", f.States)
+	if f.Limit <= 0 {
+		f.Limit = 1000
+	}
+	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
+	args = append(args, f.Limit)
+	rows, err := t.tx.QueryContext(t.ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*api.Lease
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var l api.Lease
+		if err := json.Unmarshal([]byte(data), &l); err != nil {
+			return nil, fmt.Errorf("lease row: %w", err)
+		}
+		out = append(out, &l)
+	}
+	return out, rows.Err()
+}
+
+func inClause(q string, args []any, col string, vals []string) (string, []any) {
+	if len(vals) == 0 {
+		return q, args
+	}
+	q += " AND " + col + " IN ("
+	for i, v := range vals {
+		if i > 0 {
+			q += ","
+		}
+		q += "?"
+		args = append(args, v)
+	}
+	return q + ")", args
+}
+
+// PutJob writes a job.
+func (t *Tx) PutJob(j *api.Job) error {
+	b, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	return t.exec(`INSERT INTO jobs(id,lease_id,state,data) VALUES(?,?,?,?)
+ON CONFLICT(id) DO UPDATE SET state=excluded.state, data=excluded.data`, j.ID, j.LeaseID, j.State, string(b))
+}
+
+// Job reads one job.
+func (t *Tx) Job(id string) (*api.Job, error) {
+	var data string
+	err := t.tx.QueryRowContext(t.ctx, `SELECT data FROM jobs WHERE id=?`, id).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var j api.Job
+	return &j, json.Unmarshal([]byte(data), &j)
+}
+
+// Jobs lists jobs in the given states (all when none).
+func (t *Tx) Jobs(states ...string) ([]*api.Job, error) {
+	q, args := inClause(`SELECT data FROM jobs WHERE 1=1`, nil, "state", states)
+	rows, err := t.tx.QueryContext(t.ctx, q+" ORDER BY id", args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*api.Job
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var j api.Job
+		if err := json.Unmarshal([]byte(data), &j); err != nil {
+			return nil, fmt.Errorf("job row: %w", err)
+		}
+		out = append(out, &j)
+	}
+	return out, rows.Err()
+}
+
+// AddUsage adds GPU-seconds to a project's usage in a period.
+func (t *Tx) AddUsage(project string, periodStart time.Time, gpuSeconds float64) error {
+	return t.exec(`INSERT INTO usage(project,period_start,gpu_seconds) VALUES(?,?,?)
+ON CONFLICT(project,period_start) DO UPDATE SET gpu_seconds=gpu_seconds+excluded.gpu_seconds`, project, timeText(periodStart), gpuSeconds)
+}
+
+// Usage returns a project's GPU-seconds in a period.
+func (t *Tx) Usage(project string, periodStart time.Time) (float64, error) {
+	var v float64
+	err := t.tx.QueryRowContext(t.ctx, `SELECT gpu_seconds FROM usage WHERE project=? AND period_start=?`, project, timeText(periodStart)).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// AddEvent appends to the event log.
+func (t *Tx) AddEvent(e api.Event) error {
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
+	return t.exec(`INSERT INTO events(at,kind,subject,project,message) VALUES(?,?,?,?,?)`, timeText(e.At), e.Kind, e.Subject, e.Project, e.Message)
+}
+
+// Events reads the log after seq, oldest first; projects limits it (empty: all).
+func (t *Tx) Events(after int64, projects []string, limit int) ([]api.Event, error) {
+	if limit <= 0 || limit > 10000 {
+		limit = 1000
+	}
+	q, args := inClause(`SELECT seq,at,kind,subject,project,message FROM events WHERE seq>?`, []any{after}, "project", projects)
+	rows, err := t.tx.QueryContext(t.ctx, q+" ORDER BY seq LIMIT ?", append(args, limit)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []api.Event
+	for rows.Next() {
+		var e api.Event
+		var at string
+		if err := rows.Scan(&e.Seq, &at, &e.Kind, &e.Subject, &e.Project, &e.Message); err != nil {
+			return nil, err
+		}
+		e.At = parseTime(at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
