@@ -1,0 +1,205 @@
+// Package process is the process executor: a job runs as a local process
+// group with the environment that gives it its GPUs (per vendor), MPS
+// limits for fractions, cgroup v2 limits where kiln may write them, and
+// its standard output and error captured.
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"kiln.dev/kiln/executor"
+)
+
+// Executor runs jobs as processes.
+type Executor struct {
+	// CgroupParent is the cgroup v2 directory under which each job gets
+	// its own cgroup; empty: /sys/fs/cgroup/kiln.
+	CgroupParent string
+	// Env is the base environment; nil: the agent's own.
+	Env []string
+	// MaxLogBytes bounds the output kept per job (default 64 MiB).
+	MaxLogBytes int
+}
+
+// Name implements executor.Executor.
+func (e *Executor) Name() string { return "process" }
+
+// Start implements executor.Executor.
+func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle, error) {
+	if len(job.Command) == 0 {
+		return nil, errors.New("process executor: the job has no command")
+	}
+	if job.Image != "" {
+		return nil, fmt.Errorf("process executor: job %s names image %s; images run in the containerd executor", job.ID, job.Image)
+	}
+	cmd := exec.Command(job.Command[0], job.Command[1:]...)
+	base := e.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	extra := map[string]string{"KILN_JOB_ID": job.ID, "KILN_LEASE_ID": job.LeaseID}
+	for k, v := range Env(job.Devices) {
+		extra[k] = v
+	}
+	cmd.Env = environ(base, job.Env, extra)
+	cmd.Dir = job.WorkDir
+	h := &handle{logs: newLogBuffer(e.MaxLogBytes), done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = h.logs, h.logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if job.Limits.CPUMilli > 0 || job.Limits.MemoryBytes > 0 {
+		dir, fd, err := e.cgroup(job)
+		if err != nil {
+			fmt.Fprintf(h.logs, "kiln: cgroup limits not applied: %v\n", err)
+		} else {
+			h.cgroup = dir
+			cmd.SysProcAttr.UseCgroupFD = true
+			cmd.SysProcAttr.CgroupFD = fd
+			defer syscall.Close(fd)
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		h.removeCgroup()
+		return nil, fmt.Errorf("starting %s: %w", job.Command[0], err)
+	}
+	h.cmd = cmd
+	go h.wait()
+	return h, nil
+}
+
+// cgroup makes the job's cgroup with its limits and opens it for
+// CLONE_INTO_CGROUP.
+func (e *Executor) cgroup(job executor.Job) (string, int, error) {
+	parent := e.CgroupParent
+	if parent == "" {
+		parent = "/sys/fs/cgroup/kiln"
+	}
+	root := filepath.Dir(parent)
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
+		return "", -1, fmt.Errorf("no cgroup v2 hierarchy at %s", root)
+	}
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", -1, fmt.Errorf("%s: %w", parent, err)
+	}
+	_ = os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+cpu +memory"), 0)
+	_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+cpu +memory"), 0)
+	dir := filepath.Join(parent, "job-"+filepath.Base(job.ID))
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return "", -1, fmt.Errorf("%s: %w", dir, err)
+	}
+	if job.Limits.CPUMilli > 0 {
+		quota := job.Limits.CPUMilli * 100 // per 100 ms period
+		if err := os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(strconv.Itoa(quota)+" 100000"), 0); err != nil {
+			os.Remove(dir)
+			return "", -1, fmt.Errorf("cpu.max: %w", err)
+		}
+	}
+	if job.Limits.MemoryBytes > 0 {
+		if err := os.WriteFile(filepath.Join(dir, "memory.max"), []byte(strconv.FormatUint(job.Limits.MemoryBytes, 10)), 0); err != nil {
+			os.Remove(dir)
+			return "", -1, fmt.Errorf("memory.max: %w", err)
+		}
+	}
+	fd, err := syscall.Open(dir, syscall.O_DIRECTORY|syscall.O_RDONLY, 0)
+	if err != nil {
+		os.Remove(dir)
+		return "", -1, err
+	}
+	return dir, fd, nil
+}
+
+type handle struct {
+	cmd    *exec.Cmd
+	logs   *logBuffer
+	cgroup string
+	done   chan struct{}
+
+	mu      sync.Mutex
+	exit    executor.Exit
+	stopped bool
+}
+
+func (h *handle) wait() {
+	err := h.cmd.Wait()
+	ex := executor.Exit{Reason: "exited", Finished: time.Now()}
+	if h.cmd.ProcessState != nil {
+		ex.Code = h.cmd.ProcessState.ExitCode()
+		if ws, ok := h.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			ex.Signal = ws.Signal().String()
+			ex.Code = 128 + int(ws.Signal())
+		}
+	} else if err != nil {
+		ex.Code, ex.Reason = -1, err.Error()
+	}
+	// The leader is gone; end what it left in its group.
+	_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
+	h.mu.Lock()
+	if h.stopped {
+		ex.Reason = "killed"
+	}
+	h.exit = ex
+	h.mu.Unlock()
+	h.removeCgroup()
+	h.logs.Close()
+	close(h.done)
+}
+
+func (h *handle) removeCgroup() {
+	if h.cgroup != "" {
+		_ = os.Remove(h.cgroup)
+	}
+}
+
+// Logs implements executor.Handle.
+func (h *handle) Logs() io.ReadCloser { return h.logs.reader() }
+
+// Wait implements executor.Handle.
+func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
+	select {
+	case <-h.done:
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.exit, nil
+	case <-ctx.Done():
+		return executor.Exit{}, ctx.Err()
+	}
+}
+
+// Stop implements executor.Handle: SIGTERM to the job's process group,
+// SIGKILL after grace.
+func (h *handle) Stop(ctx context.Context, grace time.Duration) error {
+	select {
+	case <-h.done:
+		return nil
+	default:
+	}
+	h.mu.Lock()
+	h.stopped = true
+	h.mu.Unlock()
+	pgid := -h.cmd.Process.Pid
+	_ = syscall.Kill(pgid, syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-h.done:
+		return nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	_ = syscall.Kill(pgid, syscall.SIGKILL)
+	select {
+	case <-h.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("job process %d did not end after SIGKILL", h.cmd.Process.Pid)
+	}
+}

@@ -1,0 +1,446 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/store"
+)
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	out := api.NodeList{Nodes: []api.Node{}}
+	for _, n := range s.nodeList() {
+		nd := s.nodeAPI(n)
+		out.Nodes = append(out.Nodes, nd)
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	n := s.nodes[r.PathValue("id")]
+	var nd api.Node
+	if n != nil {
+		nd = s.nodeAPI(n)
+	}
+	s.mu.Unlock()
+	if n == nil {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s not found", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, nd)
+}
+
+func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	id := r.PathValue("id")
+	body, err := readBody(r, maxBody)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	req, err := parseDrain(body)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		writeErr(w, http.StatusServiceUnavailable, s.broken)
+		return
+	}
+	n := s.nodes[id]
+	if n == nil {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s not found", id))
+		return
+	}
+	var units []*unitState
+	if len(req.Devices) == 0 {
+		units = n.units
+	} else {
+		for _, d := range req.Devices {
+			u := n.byID[d]
+			if u == nil {
+				writeErr(w, http.StatusNotFound, fmt.Errorf("node %s has no device %s", id, d))
+				return
+			}
+			units = append(units, u)
+		}
+	}
+	now := time.Now()
+	b := newBatch()
+	if req.ClearLost {
+		for _, ls := range s.holding {
+			if ls.heldNodes[id] {
+				for _, js := range ls.jobs {
+					if t := js.task(id); t != nil && !api.JobFinal(t.State) {
+						t.State, t.Reason = api.JobLost, "cleared by "+c.user.Name
+						b.job(js.j)
+					}
+					delete(n.stops, js.j.ID)
+					delete(n.tasks, js.j.ID)
+				}
+				s.releaseHold(ls, id, b)
+			}
+		}
+		b.event("node.cleared", id, "", "%s cleared the devices lost leases held on %s", c.user.Name, id)
+	} else {
+		reason := req.Reason
+		if reason == "" {
+			reason = "drained by " + c.user.Name
+		}
+		for _, u := range units {
+			if req.Undrain {
+				u.dev.Drained, u.dev.DrainReason = false, ""
+			} else {
+				u.dev.Drained, u.dev.DrainReason = true, reason
+			}
+			b.drains = append(b.drains, drainRow{id, u.dev.ID, store.DeviceState{Drained: u.dev.Drained, Reason: u.dev.DrainReason}})
+		}
+		n.dirty = true
+		verb := "drained"
+		if req.Undrain {
+			verb = "undrained"
+		}
+		b.event("node."+verb, id, "", "%s %s %d devices: %s", c.user.Name, verb, len(units), reason)
+	}
+	s.schedule(now, b)
+	if err := s.flush(b); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.nodeAPI(n))
+}
+
+func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	s.mu.Lock()
+	now := time.Now()
+	queued := map[string]int{}
+	for _, ls := range s.leases {
+		if ls.l.State == api.LeaseQueued {
+			queued[ls.l.Project]++
+		}
+	}
+	var names []string
+	for name := range s.projects {
+		if c.canSee(name) {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	out := []api.Project{}
+	var members map[string][]string
+	err := s.st.View(r.Context(), func(tx *store.Tx) error {
+		ps, err := tx.Projects()
+		members = map[string][]string{}
+		for _, p := range ps {
+			members[p.Name] = p.Members
+		}
+		return err
+	})
+	for _, name := range names {
+		ps := s.projects[name]
+		p := ps.p
+		p.Members = members[name]
+		p.HeldGPUs = ps.held
+		p.UsedHours = s.usedHours(ps, now)
+		p.QueuedLease = queued[name]
+		out = append(out, p)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"projects": out})
+}
+
+func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r, maxBody)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	p, err := parseProject(body)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	if p.Name != r.PathValue("name") {
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("name %q differs from the path's %q", p.Name, r.PathValue("name")))
+		return
+	}
+	if p.Weight == 0 {
+		p.Weight = 1
+	}
+	if p.PeriodSeconds == 0 {
+		p.PeriodSeconds = 30 * 24 * 3600
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		writeErr(w, http.StatusServiceUnavailable, s.broken)
+		return
+	}
+	var userIDs []string
+	for _, m := range p.Members {
+		u := s.byName[m]
+		if u == nil {
+			writeErr(w, http.StatusBadRequest, fmt.Errorf("member %s: no such user (create one with 'kiln token create --user %s')", m, m))
+			return
+		}
+		userIDs = append(userIDs, u.ID)
+	}
+	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.PutProject(p); err != nil {
+			return err
+		}
+		for _, id := range userIDs {
+			if err := tx.AddMember(p.Name, id); err != nil {
+				return err
+			}
+		}
+		return tx.AddEvent(api.Event{Kind: "project.put", Subject: p.Name, Project: p.Name, Message: fmt.Sprintf("weight %g, max %g GPUs, %g GPU-hours per %ds", p.Weight, p.MaxGPUs, p.GPUHours, p.PeriodSeconds)})
+	})
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	ps := s.project(p.Name)
+	members := p.Members
+	p.Members = nil
+	ps.p = p
+	for _, m := range members {
+		u := s.byName[m].User
+		if !contains(u.Projects, p.Name) {
+			u.Projects = append(append([]string(nil), u.Projects...), p.Name)
+		}
+		s.putUser(u) // a new value: callers may read the old one unlocked
+	}
+	b := newBatch()
+	s.schedule(time.Now(), b)
+	_ = s.flush(b)
+	p.Members = members
+	writeJSON(w, http.StatusOK, p)
+}
+
+func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	out := []api.User{}
+	for _, u := range s.users {
+		out = append(out, u.User)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	writeJSON(w, http.StatusOK, map[string]any{"users": out})
+}
+
+func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	s.mu.Lock()
+	out := []api.Token{}
+	for _, t := range s.tokens {
+		u := s.users[t.UserID]
+		if u == nil || (!c.admin() && u.ID != c.user.ID) {
+			continue
+		}
+		tok := api.Token{ID: t.ID, User: u.Name, Name: t.Name, Created: t.Created}
+		if !t.Expires.IsZero() {
+			e := t.Expires
+			tok.Expires = &e
+		}
+		out = append(out, tok)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	writeJSON(w, http.StatusOK, map[string]any{"tokens": out})
+}
+
+// createToken makes an API token. A member makes tokens for themself; an
+// admin for anyone, creating the user (with a role and projects) when new.
+func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	body, err := readBody(r, maxBody)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	req, err := parseTokenRequest(body)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		writeErr(w, http.StatusServiceUnavailable, s.broken)
+		return
+	}
+	name := req.User
+	if name == "" {
+		name = c.user.Name
+	}
+	if !c.admin() && (name != c.user.Name || req.Role != "" || len(req.Projects) > 0) {
+		writeErr(w, http.StatusForbidden, errors.New("a member may only make tokens for themself, with no role or project change"))
+		return
+	}
+	for _, p := range req.Projects {
+		if _, ok := s.projects[p]; !ok {
+			writeErr(w, http.StatusNotFound, fmt.Errorf("project %s does not exist (create it with 'kiln token project %s')", p, p))
+			return
+		}
+	}
+	now := time.Now().UTC()
+	u := s.byName[name]
+	var user api.User
+	if u == nil {
+		role := req.Role
+		if role == "" {
+			role = api.RoleMember
+		}
+		user = api.User{ID: "u-" + randHex(6), Name: name, Role: role, Created: now}
+	} else {
+		user = u.User
+		user.Projects = append([]string(nil), u.Projects...)
+		if req.Role != "" {
+			user.Role = req.Role
+		}
+	}
+	for _, p := range req.Projects {
+		if !contains(user.Projects, p) {
+			user.Projects = append(user.Projects, p)
+		}
+	}
+	id := randHex(6)
+	secret, hash := newSecret()
+	row := store.TokenRow{ID: id, UserID: user.ID, Name: req.Name, Hash: hash, Created: now}
+	if req.TTLSeconds > 0 {
+		row.Expires = now.Add(time.Duration(req.TTLSeconds) * time.Second)
+	}
+	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.PutUser(user); err != nil {
+			return err
+		}
+		for _, p := range user.Projects {
+			if err := tx.AddMember(p, user.ID); err != nil {
+				return err
+			}
+		}
+		if err := tx.PutToken(row); err != nil {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "token.created", Subject: user.Name, Message: fmt.Sprintf("%s made token %s for %s (%s)", c.user.Name, id, user.Name, user.Role)})
+	})
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	s.putUser(user)
+	s.tokens[id] = &tokenInfo{row}
+	tok := api.Token{ID: id, User: user.Name, Name: req.Name, Secret: apiTokenPrefix + id + "_" + secret, Created: now}
+	if !row.Expires.IsZero() {
+		tok.Expires = &row.Expires
+	}
+	writeJSON(w, http.StatusCreated, tok)
+}
+
+func (s *Server) deleteToken(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	id := r.PathValue("id")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tokens[id]
+	if t == nil || (!c.admin() && t.UserID != c.user.ID) {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("token %s not found", id))
+		return
+	}
+	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.DeleteToken(id); err != nil {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "token.deleted", Subject: id, Message: c.user.Name + " deleted token " + id})
+	})
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	delete(s.tokens, id)
+	writeJSON(w, http.StatusOK, map[string]string{"deleted": id})
+}
+
+func (s *Server) createJoinToken(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r, maxBody)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	var req api.JoinTokenRequest
+	if len(body) > 0 {
+		if err := decodeJSON(body, &req); err != nil {
+			writeErr(w, 0, badRequest(err))
+			return
+		}
+	}
+	if req.TTLSeconds < 0 || req.TTLSeconds > 365*24*3600 {
+		writeErr(w, http.StatusBadRequest, errors.New("ttl_s: want 0 (one day) to one year"))
+		return
+	}
+	ttl := 24 * time.Hour
+	if req.TTLSeconds > 0 {
+		ttl = time.Duration(req.TTLSeconds) * time.Second
+	}
+	id := randHex(6)
+	secret, hash := newSecret()
+	now := time.Now().UTC()
+	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.PutJoinToken(id, hash, now, now.Add(ttl)); err != nil {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "join-token.created", Subject: id, Message: "join token " + id + " valid until " + now.Add(ttl).Format(time.RFC3339)})
+	})
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	tok := joinTokenPrefix + id + "_" + secret
+	writeJSON(w, http.StatusCreated, api.JoinToken{ID: id, Secret: tok, Expires: now.Add(ttl), Command: s.joinCommand(tok)})
+}
+
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	after, _ := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
+	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+	var projects []string
+	if !c.admin() {
+		s.mu.Lock()
+		projects = append([]string{}, c.user.Projects...)
+		s.mu.Unlock()
+		if len(projects) == 0 {
+			writeJSON(w, http.StatusOK, map[string]any{"events": []api.Event{}})
+			return
+		}
+	}
+	var evs []api.Event
+	err := s.st.View(r.Context(), func(tx *store.Tx) error {
+		var err error
+		evs, err = tx.Events(after, projects, limit)
+		return err
+	})
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	if evs == nil {
+		evs = []api.Event{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+}

@@ -1,0 +1,200 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/store"
+)
+
+// Tokens are "kiln_<id>_<secret>" (API) and "kjoin_<id>_<secret>" (join);
+// only SHA-256 of the secret is stored. Secrets are 32 random bytes, so a
+// plain hash is enough: there is nothing to guess.
+const (
+	apiTokenPrefix  = "kiln_"
+	joinTokenPrefix = "kjoin_"
+)
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newSecret() (secret string, hash []byte) {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	secret = base64.RawURLEncoding.EncodeToString(b)
+	h := sha256.Sum256([]byte(secret))
+	return secret, h[:]
+}
+
+// splitToken reads "<prefix><id>_<secret>".
+func splitToken(tok, prefix string) (id, secret string, ok bool) {
+	rest, found := strings.CutPrefix(tok, prefix)
+	if !found {
+		return "", "", false
+	}
+	id, secret, ok = strings.Cut(rest, "_")
+	if !ok || id == "" || secret == "" || len(id) > 64 || len(secret) > 128 {
+		return "", "", false
+	}
+	return id, secret, true
+}
+
+func hashMatches(secret string, hash []byte) bool {
+	h := sha256.Sum256([]byte(secret))
+	return subtle.ConstantTimeCompare(h[:], hash) == 1
+}
+
+// caller is who makes a request: a user (token) or an agent (certificate).
+type caller struct {
+	user *userInfo
+	node string
+}
+
+func (c *caller) admin() bool { return c.user != nil && c.user.Role == api.RoleAdmin }
+
+// canSee reports whether the caller may see and act on a project's leases.
+func (c *caller) canSee(project string) bool {
+	return c.admin() || (c.user != nil && c.user.projects[project])
+}
+
+type ctxKey struct{}
+
+func withCaller(r *http.Request, c *caller) context.Context {
+	return context.WithValue(r.Context(), ctxKey{}, c)
+}
+
+func callerOf(r *http.Request) *caller {
+	c, _ := r.Context().Value(ctxKey{}).(*caller)
+	if c == nil {
+		return &caller{}
+	}
+	return c
+}
+
+// authenticate finds the caller from the bearer token or the client
+// certificate; nil when neither is valid.
+func (s *Server) authenticate(r *http.Request) *caller {
+	if h := r.Header.Get("Authorization"); h != "" {
+		tok, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok {
+			return nil
+		}
+		id, secret, ok := splitToken(strings.TrimSpace(tok), apiTokenPrefix)
+		if !ok {
+			return nil
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		t := s.tokens[id]
+		if t == nil || !hashMatches(secret, t.Hash) {
+			return nil
+		}
+		if !t.Expires.IsZero() && time.Now().After(t.Expires) {
+			return nil
+		}
+		u := s.users[t.UserID]
+		if u == nil {
+			return nil
+		}
+		return &caller{user: u}
+	}
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.PeerCertificates) > 0 {
+		cert := r.TLS.PeerCertificates[0]
+		node := cert.Subject.CommonName
+		fp := api.Fingerprint(cert.Raw)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		n := s.nodes[node]
+		// Only the certificate the node last joined with is accepted.
+		if n == nil || n.rec.CertSHA256 != fp {
+			return nil
+		}
+		return &caller{node: node}
+	}
+	return nil
+}
+
+// bootstrap creates the admin user, its token, the default project and a
+// join token on first start.
+func (s *Server) bootstrap(ctx context.Context) error {
+	if len(s.users) > 0 {
+		return nil
+	}
+	now := time.Now().UTC()
+	admin := api.User{ID: "u-" + randHex(6), Name: "admin", Role: api.RoleAdmin, Created: now, Projects: []string{"default"}}
+	tokID := randHex(6)
+	secret, hash := newSecret()
+	joinID := randHex(6)
+	jsecret, jhash := newSecret()
+	def := api.Project{Name: "default", Weight: 1, PeriodSeconds: 30 * 24 * 3600}
+	err := s.st.Update(ctx, func(tx *store.Tx) error {
+		if err := tx.PutUser(admin); err != nil {
+			return err
+		}
+		if err := tx.PutProject(def); err != nil {
+			return err
+		}
+		if err := tx.AddMember("default", admin.ID); err != nil {
+			return err
+		}
+		if err := tx.PutToken(store.TokenRow{ID: tokID, UserID: admin.ID, Name: "bootstrap", Hash: hash, Created: now}); err != nil {
+			return err
+		}
+		if err := tx.PutJoinToken(joinID, jhash, now, now.Add(7*24*time.Hour)); err != nil {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "server.created", Subject: "server", Message: "first start: admin user, default project and a join token created"})
+	})
+	if err != nil {
+		return fmt.Errorf("first start: %w", err)
+	}
+	s.putUser(admin)
+	s.tokens[tokID] = &tokenInfo{store.TokenRow{ID: tokID, UserID: admin.ID, Hash: hash, Created: now}}
+	s.projects["default"] = &projState{p: def, recentAt: now, period: periodStart(now, def.PeriodSeconds)}
+	join := joinTokenPrefix + joinID + "_" + jsecret
+	s.Bootstrap = &Bootstrap{AdminToken: apiTokenPrefix + tokID + "_" + secret, JoinToken: join, JoinCommand: s.joinCommand(join)}
+	return nil
+}
+
+func (s *Server) joinCommand(token string) string {
+	u := s.cfg.URL
+	if u == "" {
+		u = "https://SERVER:7443"
+	}
+	return fmt.Sprintf("kiln join %s --token %s --ca-sha256 %s", u, token, s.CAFingerprint())
+}
+
+// checkJoinToken validates a join token.
+func (s *Server) checkJoinToken(ctx context.Context, tok string) error {
+	id, secret, ok := splitToken(tok, joinTokenPrefix)
+	if !ok {
+		return errors.New("join token: not a kiln join token (kjoin_...)")
+	}
+	var hash []byte
+	var exp time.Time
+	err := s.st.View(ctx, func(tx *store.Tx) error {
+		var err error
+		hash, exp, err = tx.JoinToken(id)
+		return err
+	})
+	if err != nil || !hashMatches(secret, hash) {
+		return errors.New("join token: unknown or wrong")
+	}
+	if time.Now().After(exp) {
+		return fmt.Errorf("join token: expired at %s; make a new one with 'kiln token join'", exp.Format(time.RFC3339))
+	}
+	return nil
+}

@@ -1,0 +1,303 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"kiln.dev/kiln/server/api"
+)
+
+// Body limits.
+const (
+	maxBody         = 1 << 20  // requests
+	maxSnapshotBody = 16 << 20 // an agent's snapshot
+	maxLogChunk     = 1 << 20  // one chunk of job output
+)
+
+// errTooLarge is answered with 413.
+var errTooLarge = errors.New("request body too large")
+
+// decodeJSON reads exactly one JSON value with no unknown field.
+func decodeJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("empty body: want a JSON object")
+		}
+		return fmt.Errorf("request body: %w", err)
+	}
+	if dec.More() {
+		return errors.New("request body: more than one JSON value")
+	}
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return errors.New("request body: trailing data after the JSON value")
+	}
+	return nil
+}
+
+// readBody reads at most limit bytes.
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the request: %w", err)
+	}
+	if int64(len(b)) > limit {
+		return nil, errTooLarge
+	}
+	return b, nil
+}
+
+var (
+	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	versionRE = regexp.MustCompile(`^[0-9]{1,5}(\.[0-9]{1,5}){0,3}$`)
+)
+
+// parseLeaseRequest decodes and checks a lease request.
+func parseLeaseRequest(b []byte) (api.LeaseRequest, error) {
+	var r api.LeaseRequest
+	if err := decodeJSON(b, &r); err != nil {
+		return r, err
+	}
+	return r, checkLeaseRequest(&r)
+}
+
+func checkLeaseRequest(r *api.LeaseRequest) error {
+	if r.Project != "" && !nameRE.MatchString(r.Project) {
+		return fmt.Errorf("project %q: want lowercase letters, digits, '.', '_' or '-'", trunc(r.Project))
+	}
+	if len(r.Name) > 128 {
+		return errors.New("name: at most 128 characters")
+	}
+	kinds := 0
+	if r.GPUs != 0 {
+		kinds++
+		if r.GPUs < 0 || r.GPUs > 4096 {
+			return fmt.Errorf("gpus %d: want 1 to 4096", r.GPUs)
+		}
+	}
+	if r.Fraction != 0 {
+		kinds++
+		if math.IsNaN(r.Fraction) || r.Fraction <= 0 || r.Fraction >= 1 {
+			return fmt.Errorf("fraction %v: want more than 0 and less than 1 (ask for whole GPUs with gpus)", r.Fraction)
+		}
+		if r.Fraction < 0.001 {
+			return fmt.Errorf("fraction %v: the smallest share is 0.001", r.Fraction)
+		}
+	}
+	if r.MIG != "" {
+		kinds++
+		if len(r.MIG) > 128 || strings.ContainsAny(r.MIG, " \t\n/") {
+			return fmt.Errorf("mig %q: want a profile such as 1g.10gb or a MIG device UUID", trunc(r.MIG))
+		}
+	}
+	if kinds != 1 {
+		return errors.New("ask for exactly one of: gpus (whole GPUs), fraction (a share of one GPU), mig (a MIG instance)")
+	}
+	if r.MemoryBytes != 0 && r.Fraction == 0 {
+		return errors.New("memory_bytes is for a fraction; for whole GPUs use constraints.min_memory_bytes")
+	}
+	if r.TimeLimitSeconds < 0 || r.TimeLimitSeconds > 365*24*3600 {
+		return fmt.Errorf("time_limit_s %d: want 0 (the default) to one year", r.TimeLimitSeconds)
+	}
+	if r.Priority < -1000 || r.Priority > 1000 {
+		return fmt.Errorf("priority %d: want -1000 to 1000", r.Priority)
+	}
+	c := &r.Constraints
+	for k, v := range map[string]string{"min_compute_capability": c.MinComputeCapability, "min_driver": c.MinDriver, "min_cuda": c.MinCUDA} {
+		if v != "" && !versionRE.MatchString(v) {
+			return fmt.Errorf("constraints.%s %q: want a version such as 12.2", k, trunc(v))
+		}
+	}
+	for k, v := range map[string]string{"vendor": c.Vendor, "model": c.Model, "architecture": c.Architecture} {
+		if len(v) > 128 {
+			return fmt.Errorf("constraints.%s: at most 128 characters", k)
+		}
+	}
+	if c.Vendor != "" && c.Vendor != "nvidia" && c.Vendor != "amd" && c.Vendor != "intel" {
+		return fmt.Errorf("constraints.vendor %q: want nvidia, amd or intel", trunc(c.Vendor))
+	}
+	if len(c.Nodes) > 1024 {
+		return errors.New("constraints.nodes: at most 1024 nodes")
+	}
+	if c.Gang && r.GPUs < 2 {
+		return errors.New("constraints.gang spreads whole GPUs over nodes: ask for 2 or more")
+	}
+	if r.Job != nil {
+		if err := checkJobSpec(r.Job); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkJobSpec(j *api.JobSpec) error {
+	if len(j.Command) == 0 && j.Image == "" {
+		return errors.New("job: give a command, an image, or both")
+	}
+	if len(j.Command) > 4096 {
+		return errors.New("job.command: at most 4096 arguments")
+	}
+	for _, a := range j.Command {
+		if strings.ContainsRune(a, 0) {
+			return errors.New("job.command: an argument holds a NUL byte")
+		}
+	}
+	if len(j.Command) > 0 && j.Command[0] == "" {
+		return errors.New("job.command: the program is empty")
+	}
+	if len(j.Image) > 512 || strings.ContainsAny(j.Image, " \t\n\x00") {
+		return fmt.Errorf("job.image %q: not an image reference", trunc(j.Image))
+	}
+	if len(j.Env) > 1024 {
+		return errors.New("job.env: at most 1024 variables")
+	}
+	for k, v := range j.Env {
+		if !envKeyRE.MatchString(k) {
+			return fmt.Errorf("job.env: %q is not a variable name", trunc(k))
+		}
+		if strings.ContainsRune(v, 0) {
+			return fmt.Errorf("job.env %s: the value holds a NUL byte", k)
+		}
+	}
+	if strings.ContainsRune(j.WorkDir, 0) || len(j.WorkDir) > 4096 {
+		return errors.New("job.workdir: not a path")
+	}
+	return nil
+}
+
+func trunc(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}
+
+// parseTokenRequest decodes and checks a token request.
+func parseTokenRequest(b []byte) (api.TokenRequest, error) {
+	var r api.TokenRequest
+	if err := decodeJSON(b, &r); err != nil {
+		return r, err
+	}
+	if r.User != "" && !nameRE.MatchString(r.User) {
+		return r, fmt.Errorf("user %q: want lowercase letters, digits, '.', '_' or '-'", trunc(r.User))
+	}
+	if r.Role != "" && r.Role != api.RoleAdmin && r.Role != api.RoleMember {
+		return r, fmt.Errorf("role %q: want admin or member", trunc(r.Role))
+	}
+	for _, p := range r.Projects {
+		if !nameRE.MatchString(p) {
+			return r, fmt.Errorf("project %q: want lowercase letters, digits, '.', '_' or '-'", trunc(p))
+		}
+	}
+	if len(r.Projects) > 256 || len(r.Name) > 128 {
+		return r, errors.New("too many projects or name too long")
+	}
+	if r.TTLSeconds < 0 {
+		return r, errors.New("ttl_s: want 0 (no expiry) or more")
+	}
+	return r, nil
+}
+
+// parseProject decodes and checks a project.
+func parseProject(b []byte) (api.Project, error) {
+	var p api.Project
+	if err := decodeJSON(b, &p); err != nil {
+		return p, err
+	}
+	if !nameRE.MatchString(p.Name) {
+		return p, fmt.Errorf("name %q: want lowercase letters, digits, '.', '_' or '-'", trunc(p.Name))
+	}
+	if math.IsNaN(p.Weight) || p.Weight < 0 || p.Weight > 1e6 || math.IsNaN(p.MaxGPUs) || p.MaxGPUs < 0 || p.MaxGPUs > 1e6 || math.IsNaN(p.GPUHours) || p.GPUHours < 0 || p.GPUHours > 1e12 {
+		return p, errors.New("weight, max_gpus and gpu_hours must be between 0 and a million (GPU-hours: a trillion)")
+	}
+	if p.PeriodSeconds < 0 {
+		return p, errors.New("period_s: want 0 (30 days) or more")
+	}
+	return p, nil
+}
+
+// parseDrain decodes and checks a drain request.
+func parseDrain(b []byte) (api.DrainRequest, error) {
+	var d api.DrainRequest
+	if err := decodeJSON(b, &d); err != nil {
+		return d, err
+	}
+	if len(d.Devices) > 4096 || len(d.Reason) > 1024 {
+		return d, errors.New("too many devices or reason too long")
+	}
+	return d, nil
+}
+
+// parseJoin decodes and checks an agent's join request.
+func parseJoin(b []byte) (api.JoinRequest, error) {
+	var j api.JoinRequest
+	if err := decodeJSON(b, &j); err != nil {
+		return j, err
+	}
+	if !nameRE.MatchString(j.Node) {
+		return j, fmt.Errorf("node %q: want lowercase letters, digits, '.', '_' or '-' (at most 63)", trunc(j.Node))
+	}
+	if j.Token == "" || j.CSRPEM == "" {
+		return j, errors.New("token and csr_pem are required")
+	}
+	return j, nil
+}
+
+// parseHeartbeat decodes and checks a heartbeat.
+func parseHeartbeat(b []byte) (api.Heartbeat, error) {
+	var h api.Heartbeat
+	if err := decodeJSON(b, &h); err != nil {
+		return h, err
+	}
+	if len(h.Running) > 100000 || h.WaitMS < 0 || h.WaitMS > 600000 {
+		return h, errors.New("running: at most 100000 jobs; wait_ms: 0 to 600000")
+	}
+	return h, nil
+}
+
+// parseRegister decodes and checks an agent's snapshot.
+func parseRegister(b []byte) (api.RegisterRequest, error) {
+	var r api.RegisterRequest
+	// Snapshots come from newer agents too: unknown fields are kept out,
+	// not refused.
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("request body: %w", err)
+	}
+	if r.Snapshot == nil {
+		return r, errors.New("snapshot: required")
+	}
+	if len(r.Snapshot.GPUs) > 4096 || len(r.Running) > 100000 || len(r.Findings) > 100000 {
+		return r, errors.New("snapshot: too many GPUs, jobs or findings")
+	}
+	for _, g := range r.Snapshot.GPUs {
+		if g.Index < 0 || g.Index > 1<<20 {
+			return r, fmt.Errorf("snapshot: GPU index %d out of range", g.Index)
+		}
+		if g.MIG != nil && len(g.MIG.Instances) > 64 {
+			return r, errors.New("snapshot: more than 64 MIG instances on a GPU")
+		}
+	}
+	return r, nil
+}
+
+// parseExit decodes an exit report.
+func parseExit(b []byte) (api.ExitReport, error) {
+	var e api.ExitReport
+	if err := decodeJSON(b, &e); err != nil {
+		return e, err
+	}
+	if len(e.Reason) > 4096 || len(e.Signal) > 64 {
+		return e, errors.New("reason or signal too long")
+	}
+	return e, nil
+}

@@ -1,0 +1,481 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/store"
+)
+
+func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	body, err := readBody(r, maxBody)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	req, err := parseLeaseRequest(body)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	var allowed []string
+	if req.Job != nil && req.Job.Image != "" && s.cfg.Images != nil {
+		allowed, err = s.imageNodes(r, req.Job.Image)
+		if err != nil {
+			writeErr(w, http.StatusBadGateway, err)
+			return
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		writeErr(w, http.StatusServiceUnavailable, s.broken)
+		return
+	}
+	if req.Project == "" {
+		ps := append([]string(nil), c.user.Projects...)
+		if len(ps) != 1 {
+			writeErr(w, http.StatusBadRequest, fmt.Errorf("give a project: you are in %s", listOr(ps, "no project")))
+			return
+		}
+		req.Project = ps[0]
+	}
+	if _, ok := s.projects[req.Project]; !ok {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("project %s does not exist", req.Project))
+		return
+	}
+	if !c.canSee(req.Project) {
+		writeErr(w, http.StatusForbidden, fmt.Errorf("you are not a member of project %s", req.Project))
+		return
+	}
+	now := time.Now()
+	l := &api.Lease{ID: newID("l-"), Project: req.Project, User: c.user.Name, State: api.LeaseQueued, Request: req, CreatedAt: now.UTC()}
+	ls := s.newLeaseState(l)
+	l.GPUs = ls.need
+	if allowed != nil {
+		ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
+	}
+	b := newBatch()
+	if req.Job != nil {
+		j := &api.Job{ID: newID("j-"), LeaseID: l.ID, Project: l.Project, State: api.JobPending, Spec: *req.Job, Created: now.UTC()}
+		js := &jobState{j: j, lease: ls}
+		ls.jobs = append(ls.jobs, js)
+		l.Jobs = append(l.Jobs, j.ID)
+		s.jobs[j.ID] = js
+		b.job(j)
+	}
+	s.leases[l.ID] = ls
+	b.event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
+	if reason := s.refusal(ls, allowed); reason != "" {
+		s.finishLease(ls, api.LeaseRefused, reason, now, b)
+	} else {
+		s.schedule(now, b)
+	}
+	if err := s.flush(b); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	s.decorate(l, now)
+	writeJSON(w, http.StatusCreated, l)
+}
+
+func intersect(a, b []string) []string {
+	if len(a) == 0 {
+		return append([]string{}, b...)
+	}
+	out := []string{}
+	for _, x := range a {
+		if contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func listOr(xs []string, none string) string {
+	if len(xs) == 0 {
+		return none
+	}
+	return strings.Join(xs, ", ")
+}
+
+func sizeText(r api.LeaseRequest) string {
+	switch {
+	case r.GPUs == 1:
+		return "1 GPU"
+	case r.GPUs > 1:
+		return fmt.Sprintf("%d GPUs", r.GPUs)
+	case r.Fraction > 0:
+		return fmt.Sprintf("%g of a GPU", r.Fraction)
+	}
+	return "MIG instance " + r.MIG
+}
+
+// refusal says why a lease can never be granted as asked, or "".
+func (s *Server) refusal(ls *leaseState, allowed []string) string {
+	ps := s.project(ls.l.Project)
+	if ps.p.MaxGPUs > 0 && ls.need > ps.p.MaxGPUs+1e-9 {
+		return fmt.Sprintf("asks for %g GPUs; project %s may hold at most %g at once", ls.need, ps.p.Name, ps.p.MaxGPUs)
+	}
+	if ps.p.GPUHours > 0 {
+		if used := s.usedHours(ps, time.Now()); used >= ps.p.GPUHours {
+			return fmt.Sprintf("project %s used %.1f of its %g GPU-hours in this period", ps.p.Name, used, ps.p.GPUHours)
+		}
+	}
+	if allowed != nil && len(ls.req.Constraints.Nodes) == 0 {
+		return fmt.Sprintf("image %s runs on no node (kiln compat)", ls.l.Request.Job.Image)
+	}
+	if len(s.nodes) == 0 {
+		return "" // nodes may still join: wait
+	}
+	// Could it fit if every device were free (drained ones included: they
+	// come back)?
+	var views []*NodeView
+	for _, n := range s.nodeList() {
+		views = append(views, s.buildView(n, func(u *unitState, d *DeviceView) {
+			d.Usable, d.Whole, d.FreeMilli, d.FreeMemory = !u.dev.MIGMode, true, 1000, u.dev.MemoryBytes
+		}))
+	}
+	if _, err := s.cfg.Placer.Place(ls.req, views); err != nil {
+		return "no node could ever hold it: " + strings.TrimPrefix(err.Error(), "no node has ")
+	}
+	return ""
+}
+
+// imageNodes asks the image checker which nodes run the image.
+func (s *Server) imageNodes(r *http.Request, image string) ([]string, error) {
+	s.mu.Lock()
+	type nd struct {
+		id  string
+		rec *store.NodeRecord
+	}
+	var ns []nd
+	for id, n := range s.nodes {
+		rec := n.rec
+		ns = append(ns, nd{id, &rec})
+	}
+	s.mu.Unlock()
+	out := []string{}
+	for _, n := range ns {
+		ok, _, err := s.cfg.Images.Runs(r.Context(), image, n.rec.Snapshot)
+		if err != nil {
+			return nil, fmt.Errorf("checking image %s: %w", image, err)
+		}
+		if ok {
+			out = append(out, n.id)
+		}
+	}
+	return out, nil
+}
+
+// leaseByID finds a lease the caller may see (404 otherwise: a member does
+// not learn that another project's lease exists).
+func (s *Server) leaseByID(r *http.Request, id string) (*api.Lease, bool, error) {
+	c := callerOf(r)
+	if ls := s.leases[id]; ls != nil {
+		if !c.canSee(ls.l.Project) {
+			return nil, false, errStatus(http.StatusNotFound, "lease %s not found", id)
+		}
+		return ls.l, true, nil
+	}
+	var l *api.Lease
+	err := s.st.View(r.Context(), func(tx *store.Tx) error {
+		var err error
+		l, err = tx.Lease(id)
+		return err
+	})
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !c.canSee(l.Project)) {
+		return nil, false, errStatus(http.StatusNotFound, "lease %s not found", id)
+	}
+	return l, false, err
+}
+
+func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	wait := 0.0
+	if v := r.URL.Query().Get("wait_s"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 300 {
+			writeErr(w, http.StatusBadRequest, errors.New("wait_s: want 0 to 300 seconds"))
+			return
+		}
+		wait = f
+	}
+	since := r.URL.Query().Get("since")
+	deadline := time.Now().Add(time.Duration(wait * float64(time.Second)))
+	for {
+		s.mu.Lock()
+		l, _, err := s.leaseByID(r, id)
+		if err != nil {
+			s.mu.Unlock()
+			writeErr(w, http.StatusInternalServerError, err)
+			return
+		}
+		s.decorate(l, time.Now())
+		b, _ := json.Marshal(l)
+		key := fmt.Sprintf("%s/%d", l.State, l.QueuePosition)
+		ch := s.changed
+		s.mu.Unlock()
+		left := time.Until(deadline)
+		if since == "" || key != since || left <= 0 {
+			w.Header().Set("X-Kiln-Lease-Version", key)
+			writeRaw(w, http.StatusOK, b)
+			return
+		}
+		t := time.NewTimer(min(left, time.Second))
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+	}
+}
+
+func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	q := r.URL.Query()
+	all := isTrue(q.Get("all"))
+	project := q.Get("project")
+	state := q.Get("state")
+	s.mu.Lock()
+	now := time.Now()
+	var out []api.Lease
+	for _, ls := range s.leases {
+		l := ls.l
+		if !c.canSee(l.Project) || (project != "" && l.Project != project) || (state != "" && l.State != state) {
+			continue
+		}
+		s.decorate(l, now)
+		out = append(out, *l)
+	}
+	s.mu.Unlock()
+	if all || (state != "" && api.LeaseFinal(state)) {
+		f := store.LeaseFilter{Limit: 500}
+		if state != "" {
+			f.States = []string{state}
+		} else {
+			f.States = []string{api.LeaseDone, api.LeaseCancelled, api.LeaseRefused, api.LeasePreempted, api.LeaseExpired, api.LeaseLost}
+		}
+		if project != "" {
+			f.Projects = []string{project}
+		} else if !c.admin() {
+			f.Projects = append([]string{}, c.user.Projects...)
+			if len(f.Projects) == 0 {
+				f.Projects = []string{"\x00none"}
+			}
+		}
+		var old []*api.Lease
+		err := s.st.View(r.Context(), func(tx *store.Tx) error {
+			var err error
+			old, err = tx.Leases(f)
+			return err
+		})
+		if err != nil {
+			writeErr(w, http.StatusInternalServerError, err)
+			return
+		}
+		seen := map[string]bool{}
+		for _, l := range out {
+			seen[l.ID] = true
+		}
+		for _, l := range old {
+			if !seen[l.ID] && c.canSee(l.Project) && (l.State != api.LeaseLost || !seen[l.ID]) {
+				out = append(out, *l)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	if out == nil {
+		out = []api.Lease{}
+	}
+	writeJSON(w, http.StatusOK, api.LeaseList{Leases: out})
+}
+
+func (s *Server) cancelLease(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	id := r.PathValue("id")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		writeErr(w, http.StatusServiceUnavailable, s.broken)
+		return
+	}
+	l, live, err := s.leaseByID(r, id)
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	now := time.Now()
+	b := newBatch()
+	if live {
+		ls := s.leases[id]
+		switch l.State {
+		case api.LeaseQueued:
+			s.finishLease(ls, api.LeaseCancelled, "cancelled by "+c.user.Name, now, b)
+		case api.LeaseGranted:
+			s.stopLease(ls, api.LeaseDone, "released by "+c.user.Name, s.cfg.PreemptGrace, now, b)
+		case api.LeaseLost:
+			if !c.admin() {
+				writeErr(w, http.StatusConflict, fmt.Errorf("lease %s is lost with its node; an admin clears it with 'kiln drain --clear-lost %s'", id, l.Allocations[0].Node))
+				return
+			}
+		}
+		s.schedule(now, b)
+		if err := s.flush(b); err != nil {
+			writeErr(w, http.StatusServiceUnavailable, err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, l)
+}
+
+func (s *Server) addJob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	body, err := readBody(r, maxBody)
+	if err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	var spec api.JobSpec
+	if err := decodeJSON(body, &spec); err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	if err := checkJobSpec(&spec); err != nil {
+		writeErr(w, 0, badRequest(err))
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		writeErr(w, http.StatusServiceUnavailable, s.broken)
+		return
+	}
+	l, live, err := s.leaseByID(r, id)
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	if !live || (l.State != api.LeaseQueued && l.State != api.LeaseGranted) {
+		writeErr(w, http.StatusConflict, fmt.Errorf("lease %s is %s: jobs run only in a queued or granted lease", id, l.State))
+		return
+	}
+	ls := s.leases[id]
+	now := time.Now()
+	j := &api.Job{ID: newID("j-"), LeaseID: id, Project: l.Project, State: api.JobPending, Spec: spec, Created: now.UTC()}
+	js := &jobState{j: j, lease: ls}
+	ls.jobs = append(ls.jobs, js)
+	l.Jobs = append(l.Jobs, j.ID)
+	s.jobs[j.ID] = js
+	b := newBatch()
+	b.job(j)
+	b.lease(l)
+	if l.State == api.LeaseGranted {
+		s.assign(js, b)
+	}
+	if err := s.flush(b); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, j)
+}
+
+// jobByID finds a job the caller may see.
+func (s *Server) jobByID(r *http.Request, id string) (*api.Job, error) {
+	c := callerOf(r)
+	if js := s.jobs[id]; js != nil {
+		if !c.canSee(js.j.Project) {
+			return nil, errStatus(http.StatusNotFound, "job %s not found", id)
+		}
+		return js.j, nil
+	}
+	var j *api.Job
+	err := s.st.View(r.Context(), func(tx *store.Tx) error {
+		var err error
+		j, err = tx.Job(id)
+		return err
+	})
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !c.canSee(j.Project)) {
+		return nil, errStatus(http.StatusNotFound, "job %s not found", id)
+	}
+	return j, err
+}
+
+func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	j, err := s.jobByID(r, r.PathValue("id"))
+	var b []byte
+	if err == nil {
+		b, err = json.Marshal(j)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeRaw(w, http.StatusOK, b)
+}
+
+func (s *Server) jobLogs(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	follow := isTrue(r.URL.Query().Get("follow"))
+	s.mu.Lock()
+	_, err := s.jobByID(r, id)
+	s.mu.Unlock()
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	var off int64
+	for {
+		ch := s.logs.wait(id)
+		n, err := s.logs.copy(w, id, off)
+		off += n
+		if err != nil {
+			return
+		}
+		if fl, ok := w.(http.Flusher); ok {
+			fl.Flush()
+		}
+		if !follow {
+			return
+		}
+		s.mu.Lock()
+		js := s.jobs[id]
+		finished := js == nil || api.JobFinal(js.j.State)
+		s.mu.Unlock()
+		if finished {
+			// One more read: output written just before the end.
+			n, _ := s.logs.copy(w, id, off)
+			off += n
+			return
+		}
+		t := time.NewTimer(2 * time.Second)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+	}
+}

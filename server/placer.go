@@ -1,0 +1,340 @@
+package server
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"kiln.dev/kiln/server/api"
+)
+
+// Placer chooses devices for a lease. The server keeps the queue, the
+// fairness and the bookkeeping; a Placer only answers "where, now". The
+// sched package's engine plugs in here; FirstFit is the built-in one.
+type Placer interface {
+	// Place picks devices for req among the free capacity the views show,
+	// or returns an error that says why nothing fits. It must not keep or
+	// change the views.
+	Place(req Request, nodes []*NodeView) (Placement, error)
+}
+
+// Request is what placement needs to know of a lease.
+type Request struct {
+	// GPUs whole GPUs, or one fraction of MilliGPU thousandths with
+	// MemoryBytes of memory, or one MIG instance (profile or UUID).
+	GPUs        int
+	MilliGPU    int
+	MemoryBytes uint64
+	MIG         string
+	Constraints api.Constraints
+}
+
+// NodeView is a node's free capacity as placement sees it.
+type NodeView struct {
+	ID string
+	// Driver is the NVIDIA driver version, CUDA the highest CUDA version it
+	// supports; AMDGPU the amdgpu driver version.
+	Driver  string
+	CUDA    string
+	AMDGPU  string
+	Devices []DeviceView
+	// FreeWhole counts devices free for a whole-GPU lease.
+	FreeWhole int
+}
+
+// DeviceView is a device with what is left of it.
+type DeviceView struct {
+	api.Device
+	// Usable is false for a drained device, one held by a lost lease, one
+	// reserved for another lease, or a GPU in MIG mode (its instances are
+	// leased instead).
+	Usable     bool
+	FreeMilli  int
+	FreeMemory uint64
+	// Whole is true when no lease holds any part of the device.
+	Whole bool
+}
+
+// Placement is the devices chosen, per node.
+type Placement struct {
+	Allocations []api.Allocation
+}
+
+// NoFit is the error a Placer returns when nothing fits now.
+type NoFit struct{ Reason string }
+
+func (e *NoFit) Error() string { return e.Reason }
+
+// FirstFit places on the first node (in the order given) that fits, taking
+// the lowest-numbered devices; fractions go preferably where the isolation
+// is strongest (MIG, then MPS, then time-slicing) and onto GPUs already
+// shared, to keep whole GPUs free.
+type FirstFit struct{}
+
+// Place implements Placer.
+func (FirstFit) Place(req Request, nodes []*NodeView) (Placement, error) {
+	switch {
+	case req.MIG != "":
+		return placeMIG(req, nodes)
+	case req.MilliGPU > 0:
+		return placeFraction(req, nodes)
+	case req.GPUs > 0:
+		return placeWhole(req, nodes)
+	}
+	return Placement{}, &NoFit{Reason: "the request asks for no GPU"}
+}
+
+// eligible reports whether a device matches the constraints, whatever its use.
+func eligible(n *NodeView, d *DeviceView, c api.Constraints) bool {
+	if len(c.Nodes) > 0 && !contains(c.Nodes, n.ID) {
+		return false
+	}
+	if c.Vendor != "" && !strings.EqualFold(c.Vendor, d.Vendor) {
+		return false
+	}
+	if c.Model != "" && !strings.Contains(strings.ToLower(d.Model), strings.ToLower(c.Model)) {
+		return false
+	}
+	if c.Architecture != "" && !strings.EqualFold(c.Architecture, d.Architecture) {
+		return false
+	}
+	if c.MinMemoryBytes > 0 && d.MemoryBytes < c.MinMemoryBytes {
+		return false
+	}
+	if c.MinComputeCapability != "" && !versionAtLeast(d.ComputeCapability, c.MinComputeCapability) {
+		return false
+	}
+	if c.MinDriver != "" {
+		have := n.Driver
+		if d.Vendor == "amd" {
+			have = n.AMDGPU
+		}
+		if !versionAtLeast(have, c.MinDriver) {
+			return false
+		}
+	}
+	if c.MinCUDA != "" && (d.Vendor != "nvidia" || !versionAtLeast(n.CUDA, c.MinCUDA)) {
+		return false
+	}
+	return true
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func grant(d *DeviceView, milli int, mem uint64, iso string) api.DeviceGrant {
+	return api.DeviceGrant{ID: d.ID, Vendor: d.Vendor, Index: d.Index, PCIAddress: d.PCIAddress, UUID: d.UUID,
+		Model: d.Model, MilliGPU: milli, MemoryBytes: mem, Isolation: iso}
+}
+
+func placeWhole(req Request, nodes []*NodeView) (Placement, error) {
+	c := req.Constraints
+	for _, n := range nodes {
+		if n.FreeWhole < req.GPUs {
+			continue
+		}
+		groups := map[string][]*DeviceView{}
+		var keys []string
+		for i := range n.Devices {
+			d := &n.Devices[i]
+			if !d.Usable || !d.Whole || d.MIGMode || d.Parent != "" || !eligible(n, d, c) {
+				continue
+			}
+			key := ""
+			if c.SameNVLinkIsland {
+				key = d.Island
+				if key == "" {
+					key = "alone:" + d.ID // a GPU with no NVLink is an island of one
+				}
+			}
+			if c.SameNUMA {
+				if d.NUMANode == nil || *d.NUMANode < 0 {
+					if req.GPUs > 1 {
+						continue // unknown NUMA cannot be shown to be the same
+					}
+					key += "|numa?"
+				} else {
+					key += "|numa" + strconv.Itoa(*d.NUMANode)
+				}
+			}
+			if _, ok := groups[key]; !ok {
+				keys = append(keys, key)
+			}
+			groups[key] = append(groups[key], d)
+		}
+		for _, k := range keys {
+			if g := groups[k]; len(g) >= req.GPUs {
+				a := api.Allocation{Node: n.ID}
+				for _, d := range g[:req.GPUs] {
+					a.Devices = append(a.Devices, grant(d, 1000, d.MemoryBytes, api.IsolationExclusive))
+				}
+				return Placement{Allocations: []api.Allocation{a}}, nil
+			}
+		}
+	}
+	if c.Gang {
+		var p Placement
+		left := req.GPUs
+		for _, n := range nodes {
+			a := api.Allocation{Node: n.ID}
+			for i := range n.Devices {
+				d := &n.Devices[i]
+				if left == 0 {
+					break
+				}
+				if d.Usable && d.Whole && !d.MIGMode && d.Parent == "" && eligible(n, d, c) {
+					a.Devices = append(a.Devices, grant(d, 1000, d.MemoryBytes, api.IsolationExclusive))
+					left--
+				}
+			}
+			if len(a.Devices) > 0 {
+				p.Allocations = append(p.Allocations, a)
+			}
+			if left == 0 {
+				return p, nil
+			}
+		}
+	}
+	return Placement{}, &NoFit{Reason: fmt.Sprintf("no node has %d free GPUs%s", req.GPUs, describe(c))}
+}
+
+func placeFraction(req Request, nodes []*NodeView) (Placement, error) {
+	c := req.Constraints
+	type cand struct {
+		n    *NodeView
+		d    *DeviceView
+		rank int
+	}
+	var best *cand
+	for _, n := range nodes {
+		for i := range n.Devices {
+			d := &n.Devices[i]
+			if !d.Usable || d.MIGMode || !eligible(n, d, c) {
+				continue
+			}
+			var rank int
+			switch {
+			case d.Parent != "": // a MIG instance: hardware isolation
+				if !d.Whole || req.MemoryBytes == 0 || d.MemoryBytes < req.MemoryBytes || migMilli(d.MIGProfile) < req.MilliGPU {
+					continue
+				}
+				rank = 0
+			default:
+				mem := fractionMemory(req, d)
+				if d.FreeMilli < req.MilliGPU || mem == 0 || d.FreeMemory < mem {
+					continue
+				}
+				rank = 2
+				if d.Isolation == api.IsolationTimeSlicing {
+					rank = 4
+				}
+				if d.Whole {
+					rank++ // keep whole GPUs whole when a shared one fits
+				}
+			}
+			if best == nil || rank < best.rank {
+				best = &cand{n, d, rank}
+			}
+		}
+		if best != nil && best.rank == 0 {
+			break
+		}
+	}
+	if best == nil {
+		return Placement{}, &NoFit{Reason: fmt.Sprintf("no GPU has %d‰ of its compute and %s of memory free%s", req.MilliGPU, bytesText(req.MemoryBytes), describe(c))}
+	}
+	d := best.d
+	g := grant(d, req.MilliGPU, fractionMemory(req, d), d.Isolation)
+	if d.Parent != "" {
+		g = grant(d, migMilli(d.MIGProfile), d.MemoryBytes, api.IsolationMIG)
+	}
+	return Placement{Allocations: []api.Allocation{{Node: best.n.ID, Devices: []api.DeviceGrant{g}}}}, nil
+}
+
+// fractionMemory is the memory a fraction gets: what it asked for, else its
+// compute share of the GPU's memory (0 when the memory is unknown).
+func fractionMemory(req Request, d *DeviceView) uint64 {
+	if req.MemoryBytes > 0 {
+		return req.MemoryBytes
+	}
+	return d.MemoryBytes / 1000 * uint64(req.MilliGPU)
+}
+
+func placeMIG(req Request, nodes []*NodeView) (Placement, error) {
+	for _, n := range nodes {
+		for i := range n.Devices {
+			d := &n.Devices[i]
+			if d.Parent == "" || !d.Usable || !d.Whole || !eligible(n, d, req.Constraints) {
+				continue
+			}
+			if d.MIGProfile == req.MIG || (d.UUID != "" && d.UUID == req.MIG) {
+				g := grant(d, migMilli(d.MIGProfile), d.MemoryBytes, api.IsolationMIG)
+				return Placement{Allocations: []api.Allocation{{Node: n.ID, Devices: []api.DeviceGrant{g}}}}, nil
+			}
+		}
+	}
+	return Placement{}, &NoFit{Reason: fmt.Sprintf("no free MIG instance %s%s", req.MIG, describe(req.Constraints))}
+}
+
+// migMilli is a MIG profile's compute share: "3g.40gb" is 3 of 7 slices.
+func migMilli(profile string) int {
+	i := strings.IndexByte(profile, 'g')
+	if i <= 0 {
+		return 1000 / 7
+	}
+	n, err := strconv.Atoi(profile[:i])
+	if err != nil || n <= 0 || n > 7 {
+		return 1000 / 7
+	}
+	return n * 1000 / 7
+}
+
+func describe(c api.Constraints) string {
+	var parts []string
+	add := func(k, v string) {
+		if v != "" {
+			parts = append(parts, k+" "+v)
+		}
+	}
+	add("vendor", c.Vendor)
+	add("model", c.Model)
+	add("architecture", c.Architecture)
+	if c.MinMemoryBytes > 0 {
+		add("memory >=", bytesText(c.MinMemoryBytes))
+	}
+	add("compute capability >=", c.MinComputeCapability)
+	add("driver >=", c.MinDriver)
+	add("CUDA >=", c.MinCUDA)
+	if c.SameNVLinkIsland {
+		parts = append(parts, "in one NVLink island")
+	}
+	if c.SameNUMA {
+		parts = append(parts, "on one NUMA node")
+	}
+	if len(c.Nodes) > 0 {
+		sort.Strings(c.Nodes)
+		add("on", strings.Join(c.Nodes, ","))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+func bytesText(b uint64) string {
+	switch {
+	case b == 0:
+		return "a share"
+	case b >= 1<<30:
+		return strconv.FormatFloat(float64(b)/(1<<30), 'f', -1, 64) + " GiB"
+	default:
+		return strconv.FormatFloat(float64(b)/(1<<20), 'f', 0, 64) + " MiB"
+	}
+}

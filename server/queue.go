@@ -1,0 +1,802 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/store"
+)
+
+// batch collects the changes of one operation; flush writes them in one
+// transaction before the server answers.
+type batch struct {
+	leases map[string]*api.Lease
+	jobs   map[string]*api.Job
+	nodes  map[string]*nodeState
+	drains []drainRow
+	usage  []usageRow
+	events []api.Event
+}
+
+type drainRow struct {
+	node, unit string
+	st         store.DeviceState
+}
+
+type usageRow struct {
+	project string
+	period  time.Time
+	seconds float64
+}
+
+func newBatch() *batch {
+	return &batch{leases: map[string]*api.Lease{}, jobs: map[string]*api.Job{}, nodes: map[string]*nodeState{}}
+}
+
+func (b *batch) lease(l *api.Lease) { b.leases[l.ID] = l }
+func (b *batch) job(j *api.Job)     { b.jobs[j.ID] = j }
+func (b *batch) event(kind, subject, project, format string, args ...any) {
+	b.events = append(b.events, api.Event{At: time.Now(), Kind: kind, Subject: subject, Project: project, Message: fmt.Sprintf(format, args...)})
+}
+
+func (b *batch) empty() bool {
+	return len(b.leases) == 0 && len(b.jobs) == 0 && len(b.nodes) == 0 && len(b.drains) == 0 && len(b.usage) == 0 && len(b.events) == 0
+}
+
+// flush writes the batch. It is called with s.mu held: nothing is
+// answered before the change is in the store. A store that fails stops the
+// server from changing anything more.
+func (s *Server) flush(b *batch) error {
+	if s.broken != nil {
+		return s.broken
+	}
+	if b.empty() {
+		return nil
+	}
+	err := s.st.Update(context.Background(), func(tx *store.Tx) error {
+		for _, n := range b.nodes {
+			if err := tx.PutNode(n.rec); err != nil {
+				return err
+			}
+		}
+		for _, d := range b.drains {
+			if err := tx.PutDevice(d.node, d.unit, d.st); err != nil {
+				return err
+			}
+		}
+		for _, l := range b.leases {
+			if err := tx.PutLease(l); err != nil {
+				return err
+			}
+		}
+		for _, j := range b.jobs {
+			if err := tx.PutJob(j); err != nil {
+				return err
+			}
+		}
+		for _, u := range b.usage {
+			if err := tx.AddUsage(u.project, u.period, u.seconds); err != nil {
+				return err
+			}
+		}
+		for _, e := range b.events {
+			if err := tx.AddEvent(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.broken = fmt.Errorf("the store failed, kiln server changes nothing more until restarted: %w", err)
+		s.log.Error("store write failed", "err", err)
+		return s.broken
+	}
+	s.notify()
+	return nil
+}
+
+// views returns the placement view of every ready node, rebuilt where
+// something changed.
+func (s *Server) views() []*NodeView {
+	out := make([]*NodeView, 0, len(s.nodes))
+	for _, n := range s.nodeList() {
+		if n.rec.Node.State != api.NodeReady {
+			continue
+		}
+		if n.dirty || n.view == nil {
+			n.view = s.buildView(n, nil)
+			n.dirty = false
+		}
+		out = append(out, n.view)
+	}
+	return out
+}
+
+// nodeList is every node sorted by id; kept until a node joins.
+func (s *Server) nodeList() []*nodeState {
+	if len(s.nodeCache) == len(s.nodes) {
+		return s.nodeCache
+	}
+	ns := make([]*nodeState, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		ns = append(ns, n)
+	}
+	sort.Slice(ns, func(i, j int) bool { return ns[i].rec.Node.ID < ns[j].rec.Node.ID })
+	s.nodeCache = ns
+	return ns
+}
+
+// buildView makes a node's view; adjust, when set, may change each device.
+func (s *Server) buildView(n *nodeState, adjust func(u *unitState, d *DeviceView)) *NodeView {
+	v := &NodeView{ID: n.rec.Node.ID, Devices: make([]DeviceView, len(n.units))}
+	if sn := n.rec.Snapshot; sn != nil {
+		v.Driver = sn.Drivers.NVIDIAUser
+		if v.Driver == "" {
+			v.Driver = sn.Drivers.NVIDIAKernel
+		}
+		v.CUDA = sn.Drivers.CUDADriver
+		v.AMDGPU = sn.Drivers.AMDGPU
+	}
+	for i, u := range n.units {
+		d := DeviceView{Device: u.dev}
+		d.Usable = !u.dev.Drained && !u.dev.MIGMode && !s.heldByLost(u)
+		d.Whole = len(u.holders) == 0
+		d.FreeMilli = max(1000-u.usedMilli, 0)
+		if u.dev.MemoryBytes > u.usedMem {
+			d.FreeMemory = u.dev.MemoryBytes - u.usedMem
+		}
+		if adjust != nil {
+			adjust(u, &d)
+		}
+		if d.Usable && d.Whole && !d.MIGMode && d.Parent == "" {
+			v.FreeWhole++
+		}
+		v.Devices[i] = d
+	}
+	return v
+}
+
+func (s *Server) heldByLost(u *unitState) bool {
+	for id := range u.holders {
+		if ls := s.leases[id]; ls != nil && ls.l.State == api.LeaseLost {
+			return true
+		}
+	}
+	return false
+}
+
+// viewsFor is views as lease ls may use them: devices reserved for another
+// lease are usable only by a lease that ends before the reservation
+// starts; devices claimed by a preempting lease only by that lease.
+func (s *Server) viewsFor(ls *leaseState, now time.Time) []*NodeView {
+	base := s.views()
+	ends := now.Add(s.timeLimit(ls.l.Request))
+	var out []*NodeView
+	for i, v := range base {
+		n := s.nodes[v.ID]
+		special := false
+		for _, u := range n.units {
+			if u.reservedFor != "" || u.claimedBy != "" {
+				special = true
+				break
+			}
+		}
+		if !special {
+			if out != nil {
+				out = append(out, v)
+			}
+			continue
+		}
+		if out == nil {
+			out = append(make([]*NodeView, 0, len(base)), base[:i]...)
+		}
+		out = append(out, s.buildView(n, func(u *unitState, d *DeviceView) {
+			if u.claimedBy != "" && u.claimedBy != ls.l.ID {
+				d.Usable = false
+			}
+			if u.reservedFor != "" && u.reservedFor != ls.l.ID && ends.After(u.reservedTil) {
+				d.Usable = false
+			}
+		}))
+	}
+	if out == nil {
+		return base
+	}
+	return out
+}
+
+func (s *Server) timeLimit(r api.LeaseRequest) time.Duration {
+	if r.TimeLimitSeconds > 0 {
+		return min(time.Duration(r.TimeLimitSeconds)*time.Second, s.cfg.MaxTimeLimit)
+	}
+	return s.cfg.DefaultTimeLimit
+}
+
+// fairKey orders projects: GPUs held now plus recent usage, per unit of
+// weight. The project furthest below its share goes first.
+func (s *Server) fairKey(ps *projState, now time.Time) float64 {
+	s.decay(ps, now)
+	w := ps.p.Weight
+	if w <= 0 {
+		w = 1
+	}
+	return (ps.held + ps.recent/s.cfg.FairShareWindow.Seconds()) / w
+}
+
+func (s *Server) decay(ps *projState, now time.Time) {
+	dt := now.Sub(ps.recentAt).Seconds()
+	if dt <= 0 {
+		return
+	}
+	ps.recent *= math.Exp2(-dt / s.cfg.FairShareWindow.Seconds())
+	ps.recentAt = now
+}
+
+// schedule grants what can be granted: projects take turns by fair share,
+// each project's queue in priority order then arrival; the first lease
+// that cannot be placed holds a reservation that later leases may use only
+// if they end before it starts (backfill); a lease that outranks
+// preemptible ones may have them stopped.
+func (s *Server) schedule(now time.Time, b *batch) {
+	if s.head != "" {
+		if h := s.leases[s.head]; h == nil || h.l.State != api.LeaseQueued {
+			s.clearReservation()
+		}
+	}
+	queues := map[string][]*leaseState{}
+	for _, ls := range s.leases {
+		if ls.l.State == api.LeaseQueued {
+			queues[ls.l.Project] = append(queues[ls.l.Project], ls)
+		}
+	}
+	if len(queues) == 0 {
+		s.order = nil
+		return
+	}
+	for _, q := range queues {
+		sort.Slice(q, func(i, j int) bool {
+			if q[i].l.Request.Priority != q[j].l.Request.Priority {
+				return q[i].l.Request.Priority > q[j].l.Request.Priority
+			}
+			return q[i].seq < q[j].seq
+		})
+	}
+	if s.head != "" {
+		s.reserve(s.leases[s.head], now)
+	}
+	next := map[string]int{}
+	var order []string
+	for {
+		var pick string
+		best := math.Inf(1)
+		for p, q := range queues {
+			if next[p] >= len(q) {
+				continue
+			}
+			ps := s.project(p)
+			k := s.fairKey(ps, now)
+			if k < best || (k == best && p < pick) {
+				best, pick = k, p
+			}
+		}
+		if pick == "" {
+			break
+		}
+		ls := queues[pick][next[pick]]
+		next[pick]++
+		ps := s.project(pick)
+		if ps.p.GPUHours > 0 {
+			if used := s.usedHours(ps, now); used >= ps.p.GPUHours {
+				s.finishLease(ls, api.LeaseRefused, fmt.Sprintf("project %s used %.1f of its %g GPU-hours in the period that started %s", pick, used, ps.p.GPUHours, ps.period.Format(time.RFC3339)), now, b)
+				continue
+			}
+		}
+		if ps.p.MaxGPUs > 0 && ps.held+ls.need > ps.p.MaxGPUs+1e-9 {
+			ls.l.Reason = fmt.Sprintf("waiting: project %s holds %g of its %g GPUs at once", pick, ps.held, ps.p.MaxGPUs)
+			order = append(order, ls.l.ID)
+			continue
+		}
+		pl, err := s.cfg.Placer.Place(ls.req, s.viewsFor(ls, now))
+		if err == nil {
+			s.grant(ls, pl, now, b)
+			continue
+		}
+		ls.l.Reason = "waiting: " + err.Error()
+		order = append(order, ls.l.ID)
+		if s.head == "" {
+			s.head = ls.l.ID
+			s.reserve(ls, now)
+		}
+		s.tryPreempt(ls, now, b)
+	}
+	s.order = order
+}
+
+func (s *Server) project(name string) *projState {
+	ps := s.projects[name]
+	if ps == nil {
+		now := time.Now()
+		ps = &projState{p: api.Project{Name: name, Weight: 1, PeriodSeconds: 30 * 24 * 3600}, recentAt: now, period: periodStart(now, 0)}
+		s.projects[name] = ps
+	}
+	return ps
+}
+
+// usedHours is the project's GPU-hours in the current period, the running
+// leases included.
+func (s *Server) usedHours(ps *projState, now time.Time) float64 {
+	if p := periodStart(now, ps.p.PeriodSeconds); !p.Equal(ps.period) {
+		ps.period, ps.used = p, 0
+	}
+	sec := ps.used
+	for _, ls := range s.leases {
+		if ls.l.Project == ps.p.Name && ls.l.GrantedAt != nil && (ls.l.State == api.LeaseGranted || ls.l.State == api.LeaseStopping) {
+			sec += ls.need * now.Sub(maxTime(*ls.l.GrantedAt, ps.period)).Seconds()
+		}
+	}
+	return sec / 3600
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (s *Server) clearReservation() {
+	for _, n := range s.nodes {
+		for _, u := range n.units {
+			if u.reservedFor != "" {
+				u.reservedFor, u.reservedTil = "", time.Time{}
+			}
+		}
+	}
+	s.head = ""
+}
+
+// freeAt is when a unit will be free if every lease on it runs to its
+// limit; the zero time when free now, and far in the future while a lost
+// lease holds it.
+func (s *Server) freeAt(u *unitState) time.Time {
+	var t time.Time
+	for id := range u.holders {
+		ls := s.leases[id]
+		if ls == nil {
+			continue
+		}
+		var end time.Time
+		switch {
+		case ls.l.State == api.LeaseStopping && ls.l.StopDeadline != nil:
+			end = *ls.l.StopDeadline
+		case ls.l.EndsAt != nil && ls.l.State == api.LeaseGranted:
+			end = *ls.l.EndsAt
+		default:
+			end = time.Now().Add(100 * 365 * 24 * time.Hour)
+		}
+		if end.After(t) {
+			t = end
+		}
+	}
+	return t
+}
+
+// earliest finds the first time at which ls could be placed if leases end
+// at their limits, and the placement then. The views at time t free every
+// device whose leases end by t.
+func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]time.Time) (time.Time, Placement, bool) {
+	var times []time.Time
+	seen := map[time.Time]bool{}
+	for _, n := range s.nodes {
+		if n.rec.Node.State != api.NodeReady {
+			continue
+		}
+		for _, u := range n.units {
+			t := s.freeAt(u)
+			if b, ok := busy[u]; ok && b.After(t) {
+				t = b
+			}
+			if t.After(now) && !seen[t] {
+				seen[t] = true
+				times = append(times, t)
+			}
+		}
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	if len(times) > 48 {
+		step := float64(len(times)) / 48
+		var sampled []time.Time
+		for i := 0.0; int(i) < len(times); i += step {
+			sampled = append(sampled, times[int(i)])
+		}
+		times = append(sampled, times[len(times)-1])
+	}
+	for _, t := range times {
+		var views []*NodeView
+		for _, n := range s.nodeList() {
+			if n.rec.Node.State != api.NodeReady {
+				continue
+			}
+			views = append(views, s.buildView(n, func(u *unitState, d *DeviceView) {
+				if u.claimedBy != "" && u.claimedBy != ls.l.ID {
+					d.Usable = false
+				}
+				f := s.freeAt(u)
+				if b, ok := busy[u]; ok && b.After(f) {
+					f = b
+				}
+				if !f.After(t) {
+					d.Whole, d.FreeMilli, d.FreeMemory = true, 1000, u.dev.MemoryBytes
+				} else if _, ok := busy[u]; ok {
+					d.Usable = false
+				}
+			}))
+		}
+		if pl, err := s.cfg.Placer.Place(ls.req, views); err == nil {
+			return t, pl, true
+		}
+	}
+	return time.Time{}, Placement{}, false
+}
+
+// reserve holds, for the head of the queue, the devices it will get at
+// its estimated start.
+func (s *Server) reserve(ls *leaseState, now time.Time) {
+	for _, n := range s.nodes {
+		for _, u := range n.units {
+			if u.reservedFor != "" {
+				u.reservedFor, u.reservedTil = "", time.Time{}
+				n.dirty = true
+			}
+		}
+	}
+	if ls == nil {
+		return
+	}
+	t, pl, ok := s.earliest(ls, now, nil)
+	if !ok {
+		return
+	}
+	for _, a := range pl.Allocations {
+		n := s.nodes[a.Node]
+		for _, g := range a.Devices {
+			if u := n.byID[g.ID]; u != nil {
+				u.reservedFor, u.reservedTil = ls.l.ID, t
+			}
+		}
+	}
+	ls.l.EstimatedStart = &t
+}
+
+// tryPreempt stops preemptible leases of lower priority when that lets ls
+// be placed, and claims their devices for it.
+func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
+	if len(ls.claims) > 0 {
+		return
+	}
+	prio := ls.l.Request.Priority
+	victims := map[string]bool{}
+	for id, v := range s.leases {
+		if v.l.State == api.LeaseGranted && v.l.Request.Preemptible && v.l.Request.Priority < prio {
+			victims[id] = true
+		}
+	}
+	if len(victims) == 0 {
+		return
+	}
+	var views []*NodeView
+	for _, n := range s.nodeList() {
+		if n.rec.Node.State != api.NodeReady {
+			continue
+		}
+		views = append(views, s.buildView(n, func(u *unitState, d *DeviceView) {
+			if u.claimedBy != "" && u.claimedBy != ls.l.ID {
+				d.Usable = false
+				return
+			}
+			milli, mem, others := 0, uint64(0), 0
+			for id, m := range u.holders {
+				if victims[id] {
+					milli += m
+					mem += u.mem[id]
+				} else {
+					others++
+				}
+			}
+			if milli > 0 {
+				d.FreeMilli = min(d.FreeMilli+milli, 1000)
+				d.FreeMemory += mem
+				d.Whole = others == 0
+			}
+		}))
+	}
+	pl, err := s.cfg.Placer.Place(ls.req, views)
+	if err != nil {
+		return
+	}
+	stopped := map[string]bool{}
+	for _, a := range pl.Allocations {
+		n := s.nodes[a.Node]
+		for _, g := range a.Devices {
+			u := n.byID[g.ID]
+			if u == nil {
+				continue
+			}
+			u.claimedBy = ls.l.ID
+			n.dirty = true
+			ls.claims = append(ls.claims, unitRef{a.Node, g.ID})
+			for id := range u.holders {
+				if victims[id] && !stopped[id] {
+					stopped[id] = true
+				}
+			}
+		}
+	}
+	ids := make([]string, 0, len(stopped))
+	for id := range stopped {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		v := s.leases[id]
+		reason := fmt.Sprintf("preempted by lease %s (priority %d over %d)", ls.l.ID, prio, v.l.Request.Priority)
+		s.stopLease(v, api.LeasePreempted, reason, s.cfg.PreemptGrace, now, b)
+	}
+	b.event("lease.preempting", ls.l.ID, ls.l.Project, "preempting %s", strings.Join(ids, ", "))
+}
+
+func (s *Server) releaseClaims(ls *leaseState) {
+	for _, c := range ls.claims {
+		if n := s.nodes[c.node]; n != nil {
+			if u := n.byID[c.unit]; u != nil && u.claimedBy == ls.l.ID {
+				u.claimedBy = ""
+				n.dirty = true
+			}
+		}
+	}
+	ls.claims = nil
+	if s.head == ls.l.ID {
+		s.clearReservation()
+	}
+}
+
+// grant gives ls its placement and hands its jobs to the agents.
+func (s *Server) grant(ls *leaseState, pl Placement, now time.Time, b *batch) {
+	s.releaseClaims(ls)
+	l := ls.l
+	for _, a := range pl.Allocations {
+		n := s.nodes[a.Node]
+		for _, g := range a.Devices {
+			n.byID[g.ID].hold(l.ID, g.MilliGPU, g.MemoryBytes)
+		}
+		n.dirty = true
+	}
+	ends := now.Add(s.timeLimit(l.Request))
+	t := now
+	l.State, l.GrantedAt, l.EndsAt, l.Allocations = api.LeaseGranted, &t, &ends, pl.Allocations
+	l.Reason, l.QueuePosition, l.EstimatedStart = "", 0, nil
+	l.Isolation = api.IsolationExclusive
+	rank := map[string]int{api.IsolationExclusive: 0, api.IsolationMIG: 1, api.IsolationMPS: 2, api.IsolationTimeSlicing: 3}
+	var where []string
+	for _, a := range pl.Allocations {
+		ids := make([]string, 0, len(a.Devices))
+		for _, g := range a.Devices {
+			if rank[g.Isolation] > rank[l.Isolation] {
+				l.Isolation = g.Isolation
+			}
+			ids = append(ids, g.ID)
+		}
+		where = append(where, a.Node+":"+strings.Join(ids, ","))
+	}
+	s.project(l.Project).held += ls.need
+	b.lease(l)
+	b.event("lease.granted", l.ID, l.Project, "granted %s (isolation %s)", strings.Join(where, " "), l.Isolation)
+	for _, js := range ls.jobs {
+		if js.j.State == api.JobPending {
+			s.assign(js, b)
+		}
+	}
+}
+
+// assign turns a pending job into one task per allocation.
+func (s *Server) assign(js *jobState, b *batch) {
+	l := js.lease.l
+	js.j.State = api.JobAssigned
+	js.j.Tasks = nil
+	for i, a := range l.Allocations {
+		js.j.Tasks = append(js.j.Tasks, api.Task{Node: a.Node, Rank: i, State: api.JobAssigned})
+		if n := s.nodes[a.Node]; n != nil {
+			n.tasks[js.j.ID] = js
+			n.poke()
+		}
+	}
+	b.job(js.j)
+}
+
+// stopLease ends a granted lease: at once when no job runs in it, else by
+// asking the agents to stop its jobs (SIGTERM, then SIGKILL after grace).
+func (s *Server) stopLease(ls *leaseState, final, reason string, grace time.Duration, now time.Time, b *batch) {
+	l := ls.l
+	if l.State == api.LeaseQueued {
+		s.finishLease(ls, final, reason, now, b)
+		return
+	}
+	active := false
+	for _, js := range ls.jobs {
+		for _, t := range js.j.Tasks {
+			if !api.JobFinal(t.State) {
+				active = true
+			}
+		}
+	}
+	if !active {
+		s.finishLease(ls, final, reason, now, b)
+		return
+	}
+	if l.State == api.LeaseStopping {
+		return
+	}
+	deadline := now.Add(grace)
+	l.State, l.Reason, l.StopDeadline = api.LeaseStopping, reason, &deadline
+	ls.final = final
+	b.lease(l)
+	b.event("lease.stopping", l.ID, l.Project, "%s; jobs get %s to finish", reason, grace)
+	for _, js := range ls.jobs {
+		s.orderStop(js, grace, reason)
+	}
+}
+
+func (s *Server) orderStop(js *jobState, grace time.Duration, reason string) {
+	grace = max(grace, 0)
+	for _, t := range js.j.Tasks {
+		if api.JobFinal(t.State) {
+			continue
+		}
+		if n := s.nodes[t.Node]; n != nil {
+			n.stops[js.j.ID] = api.StopOrder{JobID: js.j.ID, GraceMS: int(grace / time.Millisecond), Reason: reason,
+				Notice: fmt.Sprintf("kiln: %s; this job is stopped in %s (SIGTERM now, SIGKILL then)", reason, grace)}
+			n.poke()
+		}
+	}
+}
+
+// finishLease frees a lease's devices and gives it a final state.
+func (s *Server) finishLease(ls *leaseState, state, reason string, now time.Time, b *batch) {
+	l := ls.l
+	s.releaseClaims(ls)
+	if l.State == api.LeaseGranted || l.State == api.LeaseStopping {
+		s.freeDevices(ls, "")
+		s.account(ls, now, b)
+	}
+	t := now
+	l.State, l.EndedAt = state, &t
+	if reason != "" {
+		l.Reason = reason
+	}
+	l.QueuePosition, l.EstimatedStart = 0, nil
+	for _, js := range ls.jobs {
+		if !api.JobFinal(js.j.State) {
+			for i := range js.j.Tasks {
+				if !api.JobFinal(js.j.Tasks[i].State) {
+					js.j.Tasks[i].State = api.JobStopped
+				}
+			}
+			js.j.State, js.j.Reason = api.JobStopped, "its lease ended ("+state+") before it ran"
+			f := now
+			js.j.Finished = &f
+			b.job(js.j)
+		}
+		delete(s.jobs, js.j.ID)
+		for _, t := range js.j.Tasks {
+			if n := s.nodes[t.Node]; n != nil {
+				delete(n.tasks, js.j.ID)
+			}
+		}
+		s.logs.done(js.j.ID)
+	}
+	delete(s.leases, l.ID)
+	b.lease(l)
+	msg := state
+	if l.Reason != "" {
+		msg += ": " + l.Reason
+	}
+	b.event("lease."+state, l.ID, l.Project, "%s", msg)
+}
+
+// freeDevices frees the lease's devices on one node ("" for all).
+func (s *Server) freeDevices(ls *leaseState, node string) {
+	for _, a := range ls.l.Allocations {
+		if node != "" && a.Node != node {
+			continue
+		}
+		n := s.nodes[a.Node]
+		if n == nil {
+			continue
+		}
+		for _, g := range a.Devices {
+			if u := n.byID[g.ID]; u != nil {
+				u.free(ls.l.ID)
+			}
+		}
+		n.dirty = true
+	}
+}
+
+// account adds a lease's GPU time to its project's usage.
+func (s *Server) account(ls *leaseState, now time.Time, b *batch) {
+	ps := s.project(ls.l.Project)
+	ps.held -= ls.need
+	if ps.held < 1e-9 {
+		ps.held = 0
+	}
+	if ls.l.GrantedAt == nil {
+		return
+	}
+	sec := ls.need * now.Sub(*ls.l.GrantedAt).Seconds()
+	s.decay(ps, now)
+	ps.recent += sec
+	period := periodStart(now, ps.p.PeriodSeconds)
+	if !period.Equal(ps.period) {
+		ps.period, ps.used = period, 0
+	}
+	ps.used += sec
+	b.usage = append(b.usage, usageRow{project: ps.p.Name, period: period, seconds: sec})
+}
+
+// estimates walks the queue in grant order and gives each lease the first
+// time it fits, the leases ahead of it included; computed at most once a
+// second.
+func (s *Server) estimates(now time.Time) map[string]time.Time {
+	if s.est != nil && now.Sub(s.estAt) < time.Second {
+		return s.est
+	}
+	est := map[string]time.Time{}
+	busy := map[*unitState]time.Time{}
+	for i, id := range s.order {
+		if i >= 200 {
+			break
+		}
+		ls := s.leases[id]
+		if ls == nil || ls.l.State != api.LeaseQueued {
+			continue
+		}
+		t, pl, ok := s.earliest(ls, now, busy)
+		if !ok {
+			continue
+		}
+		est[id] = t
+		end := t.Add(s.timeLimit(ls.l.Request))
+		for _, a := range pl.Allocations {
+			for _, g := range a.Devices {
+				if u := s.nodes[a.Node].byID[g.ID]; u != nil {
+					busy[u] = end
+				}
+			}
+		}
+	}
+	s.est, s.estAt = est, now
+	return est
+}
+
+// decorate fills a queued lease's position and estimated start.
+func (s *Server) decorate(l *api.Lease, now time.Time) {
+	if l.State != api.LeaseQueued {
+		l.QueuePosition, l.EstimatedStart = 0, nil
+		return
+	}
+	for i, id := range s.order {
+		if id == l.ID {
+			l.QueuePosition = i + 1
+			break
+		}
+	}
+	if t, ok := s.estimates(now)[l.ID]; ok {
+		tt := t
+		l.EstimatedStart = &tt
+	}
+}

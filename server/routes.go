@@ -1,0 +1,191 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"kiln.dev/kiln/server/api"
+)
+
+// Authentication a route needs.
+const (
+	authNone  = "none"  // /healthz only
+	authJoin  = "join"  // a join token in the body
+	authUser  = "user"  // a bearer token
+	authAdmin = "admin" // a bearer token of an admin
+	authAgent = "agent" // an agent certificate for the node in the path
+	authAny   = "any"   // a user or an agent
+)
+
+type route struct {
+	method, path, auth string
+	h                  func(w http.ResponseWriter, r *http.Request)
+}
+
+// routes is the whole API; server/openapi.yaml must describe the same
+// set (a test checks it).
+func (s *Server) routes() []route {
+	return []route{
+		{"GET", "/healthz", authNone, s.healthz},
+		{"GET", "/v1/whoami", authAny, s.whoami},
+		{"POST", "/v1/leases", authUser, s.createLease},
+		{"GET", "/v1/leases", authUser, s.listLeases},
+		{"GET", "/v1/leases/{id}", authUser, s.getLease},
+		{"DELETE", "/v1/leases/{id}", authUser, s.cancelLease},
+		{"POST", "/v1/leases/{id}/jobs", authUser, s.addJob},
+		{"GET", "/v1/jobs/{id}", authUser, s.getJob},
+		{"GET", "/v1/jobs/{id}/logs", authUser, s.jobLogs},
+		{"GET", "/v1/nodes", authUser, s.listNodes},
+		{"GET", "/v1/nodes/{id}", authUser, s.getNode},
+		{"POST", "/v1/nodes/{id}/drain", authAdmin, s.drainNode},
+		{"GET", "/v1/projects", authUser, s.listProjects},
+		{"PUT", "/v1/projects/{name}", authAdmin, s.putProject},
+		{"GET", "/v1/users", authAdmin, s.listUsers},
+		{"GET", "/v1/tokens", authUser, s.listTokens},
+		{"POST", "/v1/tokens", authUser, s.createToken},
+		{"DELETE", "/v1/tokens/{id}", authUser, s.deleteToken},
+		{"POST", "/v1/join-tokens", authAdmin, s.createJoinToken},
+		{"GET", "/v1/events", authUser, s.listEvents},
+		{"POST", "/v1/join", authJoin, s.join},
+		{"PUT", "/v1/agent/nodes/{node}", authAgent, s.register},
+		{"POST", "/v1/agent/nodes/{node}/heartbeat", authAgent, s.heartbeat},
+		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/exit", authAgent, s.jobExit},
+		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/logs", authAgent, s.jobLogChunk},
+	}
+}
+
+// Handler is the API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	for _, rt := range s.routes() {
+		mux.HandleFunc(rt.method+" "+rt.path, s.guard(rt))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if s.authenticate(r) == nil {
+			writeErr(w, http.StatusUnauthorized, errors.New("a bearer token or an agent certificate is required"))
+			return
+		}
+		writeErr(w, http.StatusNotFound, fmt.Errorf("%s %s: no such endpoint (see server/openapi.yaml)", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// guard checks who calls before the handler runs.
+func (s *Server) guard(rt route) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		switch rt.auth {
+		case authNone, authJoin:
+			rt.h(w, r)
+			return
+		}
+		c := s.authenticate(r)
+		if c == nil {
+			writeErr(w, http.StatusUnauthorized, errors.New("a valid bearer token or agent certificate is required"))
+			return
+		}
+		switch rt.auth {
+		case authUser, authAdmin:
+			if c.user == nil {
+				writeErr(w, http.StatusForbidden, errors.New("agents may not call user endpoints"))
+				return
+			}
+			if rt.auth == authAdmin && !c.admin() {
+				writeErr(w, http.StatusForbidden, errors.New("only an admin may do this"))
+				return
+			}
+		case authAgent:
+			if c.node == "" {
+				writeErr(w, http.StatusForbidden, errors.New("only an agent with its node certificate may do this"))
+				return
+			}
+			if c.node != r.PathValue("node") {
+				writeErr(w, http.StatusForbidden, fmt.Errorf("agent of node %s may not act for node %s", c.node, r.PathValue("node")))
+				return
+			}
+		}
+		rt.h(w, r.WithContext(withCaller(r, c)))
+	}
+}
+
+type httpError struct {
+	status int
+	err    error
+}
+
+func (e *httpError) Error() string { return e.err.Error() }
+
+func errStatus(status int, format string, args ...any) error {
+	return &httpError{status, fmt.Errorf(format, args...)}
+}
+
+func writeErr(w http.ResponseWriter, status int, err error) {
+	var he *httpError
+	if errors.As(err, &he) {
+		status = he.status
+	}
+	if errors.Is(err, errTooLarge) {
+		status = http.StatusRequestEntityTooLarge
+	}
+	msg := err.Error()
+	if msg == "" {
+		msg = http.StatusText(status)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	w.Write(append(b, '\n'))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeRaw(w, status, b)
+}
+
+func writeRaw(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	broken := s.broken
+	s.mu.Unlock()
+	if broken != nil {
+		writeErr(w, http.StatusServiceUnavailable, broken)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	w.Write([]byte("ok\n"))
+}
+
+func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	out := api.WhoAmI{Node: c.node}
+	if c.user != nil {
+		s.mu.Lock()
+		out.User, out.Role, out.Projects = c.user.Name, c.user.Role, append([]string(nil), c.user.Projects...)
+		s.mu.Unlock()
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// badRequest wraps a decoding error as 400 (413 when too large).
+func badRequest(err error) error {
+	if errors.Is(err, errTooLarge) {
+		return &httpError{http.StatusRequestEntityTooLarge, err}
+	}
+	return &httpError{http.StatusBadRequest, err}
+}
+
+func isTrue(v string) bool {
+	v = strings.ToLower(v)
+	return v == "1" || v == "true" || v == "yes"
+}

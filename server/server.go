@@ -1,0 +1,553 @@
+// Package server is kiln's lease server: a versioned HTTP/JSON API under
+// /v1 (described by openapi.yaml), users and projects with hashed tokens,
+// nodes whose agents authenticate with certificates from the server's own
+// CA, and a queue that grants leases of whole GPUs, MIG instances or
+// fractions with priorities, weighted fair share between projects,
+// backfill, preemption and expiry. Working state lives in memory; every
+// change is written through the store before the server answers.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"kiln.dev/kiln/kb"
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/store"
+)
+
+// Config sets up a server.
+type Config struct {
+	// DataDir holds the database, the CA, the logs of jobs.
+	DataDir string
+	// URL is the address agents and users reach the server at
+	// ("https://gpu-head:7443"); it goes into the join command.
+	URL string
+	// Hosts are extra names and addresses for the server certificate.
+	Hosts []string
+	// HeartbeatTimeout marks a silent node lost (default 30s).
+	HeartbeatTimeout time.Duration
+	// DefaultTimeLimit applies to leases that ask for none (default 24h);
+	// MaxTimeLimit caps what a lease may ask (default 7 days).
+	DefaultTimeLimit time.Duration
+	MaxTimeLimit     time.Duration
+	// PreemptGrace is the time a preempted or expired job has between the
+	// notice (SIGTERM) and the kill (default 30s).
+	PreemptGrace time.Duration
+	// FairShareWindow is the half-life of past usage in the fair-share
+	// order (default 1h).
+	FairShareWindow time.Duration
+	// Placer picks devices; FirstFit when nil.
+	Placer Placer
+	// Images says whether an image runs on a node; nil: not checked.
+	Images ImageChecker
+	KB     *kb.KB
+	Logger *slog.Logger
+}
+
+// ImageChecker is what kiln compat answers: does this image run on this
+// node, and if not, why.
+type ImageChecker interface {
+	Runs(ctx context.Context, image string, node *snapshot.Snapshot) (ok bool, reason string, err error)
+}
+
+func (c *Config) defaults() {
+	if c.HeartbeatTimeout <= 0 {
+		c.HeartbeatTimeout = 30 * time.Second
+	}
+	if c.DefaultTimeLimit <= 0 {
+		c.DefaultTimeLimit = 24 * time.Hour
+	}
+	if c.MaxTimeLimit <= 0 {
+		c.MaxTimeLimit = 7 * 24 * time.Hour
+	}
+	if c.DefaultTimeLimit > c.MaxTimeLimit {
+		c.DefaultTimeLimit = c.MaxTimeLimit
+	}
+	if c.PreemptGrace <= 0 {
+		c.PreemptGrace = 30 * time.Second
+	}
+	if c.FairShareWindow <= 0 {
+		c.FairShareWindow = time.Hour
+	}
+	if c.Placer == nil {
+		c.Placer = FirstFit{}
+	}
+	if c.KB == nil {
+		c.KB = kb.Default()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Server is a running lease server.
+type Server struct {
+	cfg  Config
+	st   *store.Store
+	ca   *authority
+	cert tls.Certificate
+	log  *slog.Logger
+	logs *logHub
+
+	mu       sync.Mutex
+	broken   error
+	users    map[string]*userInfo // by id
+	byName   map[string]*userInfo
+	tokens   map[string]*tokenInfo // by token id
+	projects map[string]*projState
+	nodes    map[string]*nodeState
+	nodeCache []*nodeState
+	leases   map[string]*leaseState // live leases and lost ones still holding devices
+	holding  map[string]*leaseState // lost leases still holding devices
+	empty    []*NodeView            // every node as if idle, for refusals
+	jobs     map[string]*jobState   // live jobs
+	seq      int64
+	head     string   // the lease holding the backfill reservation
+	order    []string // queued leases in grant order, from the last pass
+	est      map[string]time.Time
+	estAt    time.Time
+	changed  chan struct{} // closed and replaced on every change (lease watchers)
+
+	stop   context.CancelFunc
+	loopWG sync.WaitGroup
+
+	// Bootstrap is filled on first start: the admin token and the join
+	// command, to print once.
+	Bootstrap *Bootstrap
+}
+
+// Bootstrap is what a first start creates.
+type Bootstrap struct {
+	AdminToken  string
+	JoinToken   string
+	JoinCommand string
+}
+
+type userInfo struct {
+	api.User
+	projects map[string]bool
+}
+
+type tokenInfo struct {
+	store.TokenRow
+}
+
+type projState struct {
+	p        api.Project
+	held     float64 // GPU equivalents held now
+	recent   float64 // decayed GPU-seconds
+	recentAt time.Time
+	period   time.Time // start of the quota period
+	used     float64   // GPU-seconds of leases ended in the period
+}
+
+type unitState struct {
+	dev         api.Device
+	holders     map[string]int // lease id -> milli GPU
+	mem         map[string]uint64
+	usedMilli   int
+	usedMem     uint64
+	reservedFor string
+	reservedTil time.Time
+	claimedBy   string
+}
+
+type nodeState struct {
+	rec      store.NodeRecord
+	units    []*unitState
+	byID     map[string]*unitState
+	lastSeen time.Time
+	wake     chan struct{}
+	stops    map[string]api.StopOrder // job id -> order, resent until the task ends
+	tasks    map[string]*jobState     // live jobs with a task here
+	view     *NodeView
+	dirty    bool
+}
+
+type leaseState struct {
+	l      *api.Lease
+	seq    int64
+	need   float64
+	req    Request
+	jobs   []*jobState
+	claims []unitRef
+	// final is the state the lease takes when its jobs have stopped.
+	final string
+	// heldNodes are the nodes where a lost lease still holds devices.
+	heldNodes map[string]bool
+}
+
+type unitRef struct{ node, unit string }
+
+type jobState struct {
+	j     *api.Job
+	lease *leaseState
+}
+
+// New opens (or creates) the data directory and loads the state.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	cfg.defaults()
+	if cfg.DataDir == "" {
+		return nil, errors.New("server: no data directory")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", cfg.DataDir, err)
+	}
+	ca, err := loadOrCreateCA(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("certificate authority in %s: %w", cfg.DataDir, err)
+	}
+	hosts := append([]string(nil), cfg.Hosts...)
+	if h, err := os.Hostname(); err == nil {
+		hosts = append(hosts, h)
+	}
+	if cfg.URL != "" {
+		if h := hostOf(cfg.URL); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	cert, err := ca.serverCert(hosts)
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "kiln.db"))
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger,
+		logs:    newLogHub(filepath.Join(cfg.DataDir, "logs")),
+		users:   map[string]*userInfo{},
+		byName:  map[string]*userInfo{},
+		tokens:  map[string]*tokenInfo{},
+		changed: make(chan struct{}),
+	}
+	if err := s.load(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	if err := s.bootstrap(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	s.loopWG.Add(1)
+	go s.ticker(lctx)
+	return s, nil
+}
+
+func hostOf(u string) string {
+	req, err := http.NewRequest("GET", u, nil)
+	if err != nil {
+		return ""
+	}
+	return req.URL.Hostname()
+}
+
+// CAPEM is the server's CA certificate.
+func (s *Server) CAPEM() []byte { return s.ca.pem }
+
+// CAFingerprint is the SHA-256 of the CA certificate, which agents pin.
+func (s *Server) CAFingerprint() string { return api.Fingerprint(s.ca.cert.Raw) }
+
+// TLSConfig serves the API: the server certificate, and agent client
+// certificates checked against the CA when presented.
+func (s *Server) TLSConfig() *tls.Config {
+	pool := x509.NewCertPool()
+	pool.AddCert(s.ca.cert)
+	return &tls.Config{
+		Certificates: []tls.Certificate{s.cert},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    pool,
+		MinVersion:   tls.VersionTLS12,
+		NextProtos:   []string{"h2", "http/1.1"},
+	}
+}
+
+// Serve answers on ln (TLS is added here) until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.Handler(),
+		TLSConfig:         s.TLSConfig(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(tls.NewListener(ln, hs.TLSConfig)) }()
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+// Close stops the background work and closes the store.
+func (s *Server) Close() error {
+	if s.stop != nil {
+		s.stop()
+	}
+	s.loopWG.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.broken = errors.New("server closed")
+	return s.st.Close()
+}
+
+// load reads the store into memory.
+func (s *Server) load(ctx context.Context) error {
+	now := time.Now()
+	return s.st.View(ctx, func(tx *store.Tx) error {
+		users, err := tx.Users()
+		if err != nil {
+			return err
+		}
+		for _, u := range users {
+			s.putUser(u)
+		}
+		toks, err := tx.Tokens()
+		if err != nil {
+			return err
+		}
+		for _, t := range toks {
+			s.tokens[t.ID] = &tokenInfo{t}
+		}
+		projs, err := tx.Projects()
+		if err != nil {
+			return err
+		}
+		s.projects = map[string]*projState{}
+		for _, p := range projs {
+			ps := &projState{p: p, recentAt: now}
+			ps.period = periodStart(now, p.PeriodSeconds)
+			if ps.used, err = tx.Usage(p.Name, ps.period); err != nil {
+				return err
+			}
+			s.projects[p.Name] = ps
+		}
+		s.nodes = map[string]*nodeState{}
+		recs, err := tx.Nodes()
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			drains, err := tx.Devices(r.Node.ID)
+			if err != nil {
+				return err
+			}
+			n := s.newNode(r, drains)
+			// A restarted server gives every node a full timeout to
+			// come back before calling it lost.
+			n.lastSeen = now
+			s.nodes[r.Node.ID] = n
+		}
+		s.leases = map[string]*leaseState{}
+		s.holding = map[string]*leaseState{}
+		s.jobs = map[string]*jobState{}
+		live, err := tx.Leases(store.LeaseFilter{States: []string{api.LeaseQueued, api.LeaseGranted, api.LeaseStopping, api.LeaseLost}, Limit: 1 << 30})
+		if err != nil {
+			return err
+		}
+		sort.Slice(live, func(i, j int) bool {
+			if !live[i].CreatedAt.Equal(live[j].CreatedAt) {
+				return live[i].CreatedAt.Before(live[j].CreatedAt)
+			}
+			return live[i].ID < live[j].ID
+		})
+		for _, l := range live {
+			if l.State == api.LeaseLost && !l.Holding {
+				continue
+			}
+			ls := s.newLeaseState(l)
+			s.leases[l.ID] = ls
+			for _, a := range l.Allocations {
+				if l.State == api.LeaseQueued {
+					break
+				}
+				n := s.nodes[a.Node]
+				if n == nil {
+					continue
+				}
+				for _, g := range a.Devices {
+					if u := n.byID[g.ID]; u != nil {
+						u.hold(l.ID, g.MilliGPU, g.MemoryBytes)
+					}
+				}
+				n.dirty = true
+			}
+			if l.State == api.LeaseGranted || l.State == api.LeaseStopping {
+				if ps := s.projects[l.Project]; ps != nil {
+					ps.held += ls.need
+				}
+			}
+			if l.State == api.LeaseStopping {
+				ls.final = finalFromReason(l)
+			}
+			if l.State == api.LeaseLost {
+				ls.heldNodes = map[string]bool{}
+				for _, a := range l.Allocations {
+					ls.heldNodes[a.Node] = true
+				}
+				s.holding[l.ID] = ls
+			}
+		}
+		jobs, err := tx.Jobs(api.JobPending, api.JobAssigned, api.JobRunning)
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs {
+			ls := s.leases[j.LeaseID]
+			if ls == nil {
+				continue
+			}
+			js := &jobState{j: j, lease: ls}
+			ls.jobs = append(ls.jobs, js)
+			s.jobs[j.ID] = js
+			for _, t := range j.Tasks {
+				if n := s.nodes[t.Node]; n != nil && !api.JobFinal(t.State) {
+					n.tasks[j.ID] = js
+				}
+			}
+			if ls.l.State == api.LeaseStopping {
+				s.orderStop(js, time.Until(*ls.l.StopDeadline), ls.l.Reason)
+			}
+		}
+		return nil
+	})
+}
+
+// finalFromReason recovers what a stopping lease will become.
+func finalFromReason(l *api.Lease) string {
+	switch {
+	case len(l.Reason) >= 9 && l.Reason[:9] == "preempted":
+		return api.LeasePreempted
+	case len(l.Reason) >= 7 && l.Reason[:7] == "expired":
+		return api.LeaseExpired
+	}
+	return api.LeaseDone
+}
+
+func periodStart(now time.Time, seconds int) time.Time {
+	if seconds <= 0 {
+		seconds = 30 * 24 * 3600
+	}
+	p := int64(seconds)
+	return time.Unix(now.Unix()/p*p, 0).UTC()
+}
+
+func (s *Server) putUser(u api.User) {
+	ui := &userInfo{User: u, projects: map[string]bool{}}
+	for _, p := range u.Projects {
+		ui.projects[p] = true
+	}
+	if old := s.users[u.ID]; old != nil {
+		delete(s.byName, old.Name)
+	}
+	s.users[u.ID] = ui
+	s.byName[u.Name] = ui
+}
+
+func (s *Server) newNode(r store.NodeRecord, drains map[string]store.DeviceState) *nodeState {
+	n := &nodeState{rec: r, byID: map[string]*unitState{}, wake: make(chan struct{}, 1), stops: map[string]api.StopOrder{}, tasks: map[string]*jobState{}, dirty: true}
+	devs := devicesOf(r.Snapshot, s.cfg.KB)
+	for _, d := range devs {
+		if st, ok := drains[d.ID]; ok && st.Drained {
+			d.Drained, d.DrainReason = true, st.Reason
+		}
+		u := &unitState{dev: d, holders: map[string]int{}, mem: map[string]uint64{}}
+		n.units = append(n.units, u)
+		n.byID[d.ID] = u
+	}
+	return n
+}
+
+func (s *Server) newLeaseState(l *api.Lease) *leaseState {
+	s.seq++
+	ls := &leaseState{l: l, seq: s.seq, req: requestOf(l.Request)}
+	ls.need = needOf(l.Request)
+	return ls
+}
+
+// requestOf turns a lease request into what placement needs.
+func requestOf(r api.LeaseRequest) Request {
+	req := Request{GPUs: r.GPUs, MIG: r.MIG, MemoryBytes: r.MemoryBytes, Constraints: r.Constraints}
+	if r.Fraction > 0 {
+		m := int(r.Fraction*1000 + 0.5)
+		req.MilliGPU = min(max(m, 1), 999)
+	}
+	return req
+}
+
+// needOf is a request's size in GPU equivalents.
+func needOf(r api.LeaseRequest) float64 {
+	switch {
+	case r.GPUs > 0:
+		return float64(r.GPUs)
+	case r.Fraction > 0:
+		return float64(requestOf(r).MilliGPU) / 1000
+	case r.MIG != "":
+		return float64(migMilli(r.MIG)) / 1000
+	}
+	return 0
+}
+
+func (u *unitState) hold(lease string, milli int, mem uint64) {
+	if _, ok := u.holders[lease]; ok {
+		return
+	}
+	u.holders[lease] = milli
+	u.mem[lease] = mem
+	u.usedMilli += milli
+	u.usedMem += mem
+}
+
+func (u *unitState) free(lease string) bool {
+	m, ok := u.holders[lease]
+	if !ok {
+		return false
+	}
+	u.usedMilli -= m
+	u.usedMem -= u.mem[lease]
+	delete(u.holders, lease)
+	delete(u.mem, lease)
+	return true
+}
+
+// notify wakes whoever waits for a change (lease watchers).
+func (s *Server) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (n *nodeState) poke() {
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+func newID(prefix string) string {
+	return prefix + strconv.FormatInt(time.Now().UnixMilli()%1e9, 36) + randHex(5)
+}
