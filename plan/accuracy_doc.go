@@ -53,9 +53,10 @@ here rather than hidden:
 | data-parallel overlap | 0.80 | share of a micro-batch's backward pass that hides gradient traffic |
 | framework allowance | 2 GB + 8% of tensors | CUDA context, communicator buffers, allocator fragmentation |
 
-The attainable fractions and the elementwise traffic were chosen by looking
-at the Megatron-LM and Llama 3 rows below; everything else comes from
-hardware documentation or common measurements, not from these rows.
+The attainable fractions and the elementwise traffic are one value each
+(per GPU generation), set once and checked against the Megatron-LM rows
+below, never adjusted row by row; the link, HBM and overlap constants are
+typical figures for NCCL, InfiniBand and HBM, not fitted to these rows.
 
 ## What the table shows
 

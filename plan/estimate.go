@@ -295,7 +295,7 @@ func evalInfer(j Job, c *Cluster, l Layout) Estimate {
 	n := float64(c.GPUs())
 	generated := b * float64(l.DP) * gen
 	e := Estimate{
-		Layout: l, LayoutString: l.String(), Sharding: "replicas",
+		Layout: l, LayoutString: fmt.Sprintf("dp=%d,tp=%d,pp=%d", l.DP, l.TP, l.PP), Sharding: "replicas",
 		Memory: mem, MemoryPerGPUBytes: mem.Total, MemoryCapacityBytes: c.MemoryBytes,
 		Fits:        mem.Total <= c.MemoryBytes,
 		StepTimeS:   step,

@@ -180,7 +180,7 @@ func jobNotes(j Job, c *Cluster) []string {
 }
 
 // infeasible says how many GPUs of this kind the job needs at the least,
-// with the most memory-frugal layout kiln knows.
+// and the fastest layout that fits on that many.
 func infeasible(j Job, c *Cluster) string {
 	gb := c.MemoryBytes / 1e9
 	have := c.GPUs()
@@ -193,7 +193,7 @@ func infeasible(j Job, c *Cluster) string {
 				trial.NetworkGBps = 50 // memory does not depend on it
 			}
 			if l, ok := leanest(j, &trial); ok {
-				return fmt.Sprintf("%s %s needs at least %d x %.0f GB GPUs (%s); you have %d",
+				return fmt.Sprintf("%s %s needs at least %d x %.0f GB GPUs (then with %s); you have %d",
 					j.Model.Name, modeWord(j.Mode), n, gb, leanWords(j, l), have)
 			}
 		}
@@ -224,21 +224,20 @@ func leanWords(j Job, l Layout) string {
 	return w + fmt.Sprintf(", %s recomputation, micro-batch %d", l.Recompute, l.MicroBatch)
 }
 
-// leanest finds a layout that fits on c, preferring the smallest memory.
+// leanest finds the fastest layout that fits on c, if any does.
 func leanest(j Job, c *Cluster) (Layout, bool) {
 	var best Layout
-	bestMem := math.Inf(1)
+	bestRate := -1.0
 	for _, l := range Candidates(j, c) {
-		var mem float64
+		var e Estimate
 		if j.Mode == ModeInfer {
-			mem = inferMemory(j, l, int(math.Ceil(float64(j.GlobalBatch)/float64(l.DP)))).Total
+			e = evalInfer(j, c, l)
 		} else {
-			micro := int(math.Ceil(float64(j.GlobalBatch) / float64(l.DP*l.MicroBatch)))
-			mem = trainMemory(j, c, l, micro).Total
+			e = evalTrain(j, c, l)
 		}
-		if mem <= c.MemoryBytes && mem < bestMem {
-			best, bestMem = l, mem
+		if e.Fits && e.TokensPerS > bestRate {
+			best, bestRate = l, e.TokensPerS
 		}
 	}
-	return best, !math.IsInf(bestMem, 1)
+	return best, bestRate >= 0
 }
