@@ -103,24 +103,24 @@ type Server struct {
 	log  *slog.Logger
 	logs *logHub
 
-	mu       sync.Mutex
-	broken   error
-	users    map[string]*userInfo // by id
-	byName   map[string]*userInfo
-	tokens   map[string]*tokenInfo // by token id
-	projects map[string]*projState
-	nodes    map[string]*nodeState
+	mu        sync.Mutex
+	broken    error
+	users     map[string]*userInfo // by id
+	byName    map[string]*userInfo
+	tokens    map[string]*tokenInfo // by token id
+	projects  map[string]*projState
+	nodes     map[string]*nodeState
 	nodeCache []*nodeState
-	leases   map[string]*leaseState // live leases and lost ones still holding devices
-	holding  map[string]*leaseState // lost leases still holding devices
-	empty    []*NodeView            // every node as if idle, for refusals
-	jobs     map[string]*jobState   // live jobs
-	seq      int64
-	head     string   // the lease holding the backfill reservation
-	order    []string // queued leases in grant order, from the last pass
-	est      map[string]time.Time
-	estAt    time.Time
-	changed  chan struct{} // closed and replaced on every change (lease watchers)
+	leases    map[string]*leaseState // live leases and lost ones still holding devices
+	holding   map[string]*leaseState // lost leases still holding devices
+	empty     []*NodeView            // every node as if idle, for refusals
+	jobs      map[string]*jobState   // live jobs
+	seq       int64
+	head      string   // the lease holding the backfill reservation
+	order     []string // queued leases in grant order, from the last pass
+	est       map[string]time.Time
+	estAt     time.Time
+	changed   chan struct{} // closed and replaced on every change (lease watchers)
 
 	stop   context.CancelFunc
 	loopWG sync.WaitGroup

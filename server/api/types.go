@@ -162,6 +162,10 @@ type Lease struct {
 	Jobs         []string   `json:"jobs,omitempty"`
 	// GPUs is the number of GPU equivalents the lease holds or asks for.
 	GPUs float64 `json:"gpus_equivalent"`
+	// Holding is true while a lost lease still holds its devices: they
+	// are not granted again until its node re-registers or an admin
+	// clears them.
+	Holding bool `json:"holding,omitempty"`
 }
 
 // Job is one command or image run inside a lease.

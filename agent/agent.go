@@ -1,0 +1,462 @@
+// Package agent is kiln's node agent: it joins a server with a join token
+// (pinning the server's CA), sends the node's Snapshot and the doctor's
+// findings at start and whenever they change, heartbeats, runs the jobs the
+// server assigns through an executor.Executor, streams their output back
+// and reports how they ended. Devices with critical findings are drained
+// by the server from what the agent reports.
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"sort"
+	"sync"
+	"time"
+
+	"kiln.dev/kiln/doctor"
+	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/kb"
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/snapshot"
+)
+
+// Config sets up an agent.
+type Config struct {
+	Identity *Identity
+	Executor executor.Executor
+	// Discover returns the node's Snapshot (live discovery or a replayed
+	// recording).
+	Discover func(ctx context.Context) (*snapshot.Snapshot, error)
+	// Recorded says the Snapshot replays a recorded machine: its GPUs are
+	// not real.
+	Recorded bool
+	// Heartbeat is the interval between heartbeats (default 5s); keep it a
+	// third of the server's heartbeat timeout or less.
+	Heartbeat time.Duration
+	// Rescan is how often the node is discovered again (default 5 min).
+	Rescan time.Duration
+	// WorkDir is where jobs without a working directory run.
+	WorkDir string
+	Logger  *slog.Logger
+}
+
+// Agent runs on one node.
+type Agent struct {
+	cfg    Config
+	client *api.Client
+	log    *slog.Logger
+	node   string
+
+	mu       sync.Mutex
+	jobs     map[string]*job // running, or ended with the exit not yet acknowledged
+	done     map[string]bool // ended and acknowledged
+	doneList []string
+	shape    [32]byte
+	snap     *snapshot.Snapshot
+	finds    []api.Finding
+	wg       sync.WaitGroup
+}
+
+type job struct {
+	a       api.Assignment
+	h       executor.Handle
+	stopped string // stop reason, once ordered
+	logsEnd chan struct{}
+}
+
+// New makes an agent from its identity.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Identity == nil || cfg.Executor == nil || cfg.Discover == nil {
+		return nil, errors.New("agent: identity, executor and discovery are required")
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 5 * time.Second
+	}
+	if cfg.Rescan <= 0 {
+		cfg.Rescan = 5 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c, err := cfg.Identity.Client()
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, client: c, log: cfg.Logger.With("node", cfg.Identity.Node), node: cfg.Identity.Node,
+		jobs: map[string]*job{}, done: map[string]bool{}}, nil
+}
+
+// Node is the agent's node name.
+func (a *Agent) Node() string { return a.node }
+
+// Run registers and serves until ctx ends. Jobs keep running while the
+// server is unreachable; the agent retries and reconciles when it is back.
+// When ctx ends, running jobs are stopped.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.stopAll()
+	if err := a.discover(ctx); err != nil {
+		return err
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		if err := a.register(ctx); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			return nil
+		} else {
+			a.log.Warn("register failed; retrying", "err", err)
+			if api.StatusOf(err) == 401 || api.StatusOf(err) == 403 {
+				return fmt.Errorf("the server refuses this node's certificate: %w (join again with a new join token)", err)
+			}
+		}
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+	rescan := time.Now().Add(a.cfg.Rescan)
+	backoff = 100 * time.Millisecond
+	for ctx.Err() == nil {
+		if time.Now().After(rescan) {
+			rescan = time.Now().Add(a.cfg.Rescan)
+			if changed, err := a.rediscover(ctx); err != nil {
+				a.log.Warn("discovery failed", "err", err)
+			} else if changed {
+				if err := a.register(ctx); err != nil {
+					a.log.Warn("sending the new snapshot failed", "err", err)
+				}
+			}
+		}
+		reply, err := a.beat(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			a.log.Debug("heartbeat failed; retrying", "err", err)
+			if !sleep(ctx, backoff) {
+				return nil
+			}
+			backoff = min(backoff*2, a.cfg.Heartbeat)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if reply.Register {
+			if err := a.register(ctx); err != nil {
+				a.log.Warn("register failed", "err", err)
+			}
+		}
+		for _, s := range reply.Start {
+			a.start(ctx, s)
+		}
+		for _, s := range reply.Stop {
+			a.stop(s)
+		}
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (a *Agent) path(rest string) string {
+	return "/v1/agent/nodes/" + url.PathEscape(a.node) + rest
+}
+
+func (a *Agent) discover(ctx context.Context) error {
+	_, err := a.rediscover(ctx)
+	return err
+}
+
+// rediscover takes a new Snapshot and runs the doctor on it; it reports
+// whether the node's shape (GPUs, MIG, drivers, critical findings) changed.
+func (a *Agent) rediscover(ctx context.Context) (bool, error) {
+	s, err := a.cfg.Discover(ctx)
+	if err != nil {
+		return false, fmt.Errorf("discovering the node: %w", err)
+	}
+	var finds []api.Finding
+	if rep, err := doctor.Run(ctx, s, kb.Default()); err == nil {
+		for _, f := range rep.Findings {
+			finds = append(finds, api.Finding{ID: f.ID, Severity: f.Severity.String(), Title: f.Title, Devices: f.Devices})
+		}
+	}
+	shape := shapeOf(s, finds)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	changed := shape != a.shape
+	a.shape, a.snap, a.finds = shape, s, finds
+	return changed, nil
+}
+
+func shapeOf(s *snapshot.Snapshot, finds []api.Finding) [32]byte {
+	type gpu struct {
+		Index      int
+		PCI, UUID  string
+		Model      string
+		Mem        uint64
+		MIG        *snapshot.MIG
+		Partitions *snapshot.Partition
+	}
+	v := struct {
+		GPUs    []gpu
+		Drivers snapshot.Drivers
+		Crit    []string
+	}{Drivers: s.Drivers}
+	for _, g := range s.GPUs {
+		v.GPUs = append(v.GPUs, gpu{g.Index, g.PCIAddress, g.UUID, g.Model, g.MemoryTotalBytes, g.MIG, g.Partition})
+	}
+	for _, f := range finds {
+		if f.Severity == "critical" {
+			v.Crit = append(v.Crit, fmt.Sprint(f.ID, f.Devices))
+		}
+	}
+	sort.Strings(v.Crit)
+	b, _ := json.Marshal(v)
+	return sha256.Sum256(b)
+}
+
+func (a *Agent) running() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.jobs))
+	for id := range a.jobs {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (a *Agent) register(ctx context.Context) error {
+	a.mu.Lock()
+	req := api.RegisterRequest{Snapshot: a.snap, Findings: a.finds, Recorded: a.cfg.Recorded, Executor: a.cfg.Executor.Name()}
+	a.mu.Unlock()
+	req.Running = a.running()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return a.client.Do(rctx, "PUT", a.path(""), req, nil)
+}
+
+func (a *Agent) beat(ctx context.Context) (api.HeartbeatReply, error) {
+	var reply api.HeartbeatReply
+	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond)}
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat+10*time.Second)
+	defer cancel()
+	err := a.client.Do(rctx, "POST", a.path("/heartbeat"), hb, &reply)
+	return reply, err
+}
+
+// start runs an assignment unless it already runs or ran.
+func (a *Agent) start(ctx context.Context, as api.Assignment) {
+	a.mu.Lock()
+	if _, ok := a.jobs[as.JobID]; ok || a.done[as.JobID] {
+		a.mu.Unlock()
+		return
+	}
+	j := &job{a: as, logsEnd: make(chan struct{})}
+	a.jobs[as.JobID] = j
+	a.mu.Unlock()
+
+	ej := executor.Job{ID: as.JobID, LeaseID: as.LeaseID, Command: as.Spec.Command, Image: as.Spec.Image, WorkDir: as.Spec.WorkDir, Env: map[string]string{}}
+	for k, v := range as.Spec.Env {
+		ej.Env[k] = v
+	}
+	ej.Env["KILN_RANK"] = fmt.Sprint(as.Rank)
+	ej.Env["KILN_WORLD_SIZE"] = fmt.Sprint(as.Size)
+	ej.Env["KILN_PROJECT"] = as.Project
+	if ej.WorkDir == "" {
+		ej.WorkDir = a.cfg.WorkDir
+	}
+	for _, d := range as.Devices {
+		ed := executor.Device{Vendor: d.Vendor, Index: d.Index, PCIAddress: d.PCIAddress, UUID: d.UUID, CDIName: "kiln.dev/gpu=" + d.ID}
+		if d.Isolation != api.IsolationExclusive {
+			ed.Share = &executor.Share{MilliGPU: d.MilliGPU, MemoryBytes: d.MemoryBytes, Isolation: d.Isolation}
+		}
+		ej.Devices = append(ej.Devices, ed)
+	}
+	// The job outlives a server outage but not the agent.
+	h, err := a.cfg.Executor.Start(context.WithoutCancel(ctx), ej)
+	if err != nil {
+		close(j.logsEnd)
+		a.postLog(ctx, as.JobID, []byte("kiln: the job failed to start: "+err.Error()+"\n"))
+		a.finish(ctx, as.JobID, api.ExitReport{Code: -1, Reason: "failed to start"})
+		return
+	}
+	a.mu.Lock()
+	j.h = h
+	stopReason := j.stopped
+	a.mu.Unlock()
+	a.wg.Add(2)
+	go a.pumpLogs(ctx, j)
+	go a.await(ctx, j)
+	if stopReason != "" {
+		go h.Stop(context.Background(), 0)
+	}
+}
+
+// pumpLogs sends the job's output to the server in chunks.
+func (a *Agent) pumpLogs(ctx context.Context, j *job) {
+	defer a.wg.Done()
+	defer close(j.logsEnd)
+	r := j.h.Logs()
+	defer r.Close()
+	chunks := make(chan []byte, 64)
+	go func() {
+		defer close(chunks)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				chunks <- append([]byte(nil), buf[:n]...)
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var pending bytes.Buffer
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case c, ok := <-chunks:
+			if !ok {
+				a.postLog(ctx, j.a.JobID, pending.Bytes())
+				return
+			}
+			pending.Write(c)
+			if pending.Len() >= 256<<10 {
+				a.postLog(ctx, j.a.JobID, pending.Bytes())
+				pending.Reset()
+			}
+		case <-tick.C:
+			if pending.Len() > 0 {
+				a.postLog(ctx, j.a.JobID, pending.Bytes())
+				pending.Reset()
+			}
+		}
+	}
+}
+
+func (a *Agent) postLog(ctx context.Context, id string, b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	for try := 0; try < 5; try++ {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		resp, err := a.client.Raw(rctx, "POST", a.path("/jobs/"+url.PathEscape(id)+"/logs"), bytes.NewReader(b))
+		cancel()
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return
+		}
+		if s := api.StatusOf(err); s >= 400 && s < 500 {
+			return
+		}
+		time.Sleep(time.Duration(200*(try+1)) * time.Millisecond)
+	}
+}
+
+func (a *Agent) await(ctx context.Context, j *job) {
+	defer a.wg.Done()
+	ex, err := j.h.Wait(context.WithoutCancel(ctx))
+	<-j.logsEnd
+	rep := api.ExitReport{Code: ex.Code, Signal: ex.Signal, Reason: ex.Reason}
+	if err != nil {
+		rep = api.ExitReport{Code: -1, Reason: err.Error()}
+	}
+	a.mu.Lock()
+	if j.stopped != "" {
+		rep.Reason = j.stopped
+	}
+	a.mu.Unlock()
+	a.finish(ctx, j.a.JobID, rep)
+}
+
+// finish reports a job's end until the server acknowledges it; until then
+// the job stays in the running list, so the server never takes it for lost.
+func (a *Agent) finish(ctx context.Context, id string, rep api.ExitReport) {
+	backoff := 100 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := a.client.Do(rctx, "POST", a.path("/jobs/"+url.PathEscape(id)+"/exit"), rep, nil)
+		cancel()
+		if err == nil || (api.StatusOf(err) >= 400 && api.StatusOf(err) < 500) {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(backoff*2, 2*time.Second)
+	}
+	a.mu.Lock()
+	delete(a.jobs, id)
+	a.done[id] = true
+	a.doneList = append(a.doneList, id)
+	if len(a.doneList) > 100000 {
+		delete(a.done, a.doneList[0])
+		a.doneList = a.doneList[1:]
+	}
+	a.mu.Unlock()
+}
+
+// stop carries out a stop order: the notice goes to the job's log, then
+// SIGTERM, then SIGKILL after the grace period.
+func (a *Agent) stop(o api.StopOrder) {
+	a.mu.Lock()
+	j := a.jobs[o.JobID]
+	if j == nil || j.stopped != "" {
+		a.mu.Unlock()
+		return
+	}
+	j.stopped = o.Reason
+	if j.stopped == "" {
+		j.stopped = "stopped by the server"
+	}
+	h := j.h
+	a.mu.Unlock()
+	if h == nil {
+		return
+	}
+	if o.Notice != "" {
+		go a.postLog(context.Background(), o.JobID, []byte("\n"+o.Notice+"\n"))
+	}
+	go h.Stop(context.Background(), time.Duration(o.GraceMS)*time.Millisecond)
+}
+
+// stopAll stops every job when the agent ends.
+func (a *Agent) stopAll() {
+	a.mu.Lock()
+	var hs []executor.Handle
+	for _, j := range a.jobs {
+		if j.h != nil {
+			hs = append(hs, j.h)
+		}
+	}
+	a.mu.Unlock()
+	for _, h := range hs {
+		_ = h.Stop(context.Background(), 2*time.Second)
+	}
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+	}
+}

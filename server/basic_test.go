@@ -1,0 +1,72 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"kiln.dev/kiln/server"
+	"kiln.dev/kiln/server/api"
+)
+
+func TestGrantRunRelease(t *testing.T) {
+	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second, PreemptGrace: 500 * time.Millisecond})
+	m := machines(t)
+	c.addAgent("hgx", m["hgx"], nil, 300*time.Millisecond)
+	c.addAgent("mi300x", m["mi300x"], nil, 300*time.Millisecond)
+	nodes := c.waitNodes(2)
+	for _, n := range nodes {
+		if n.ID == "hgx" && (n.Total != 8 || n.Devices[0].Isolation != api.IsolationMPS || n.Devices[0].Island == "") {
+			t.Errorf("hgx node: %d GPUs, gpu0 isolation %s island %q", n.Total, n.Devices[0].Isolation, n.Devices[0].Island)
+		}
+		if n.ID == "mi300x" && (n.Total != 8 || n.Devices[0].Isolation != api.IsolationTimeSlicing) {
+			t.Errorf("mi300x node: %d GPUs, gpu0 isolation %s", n.Total, n.Devices[0].Isolation)
+		}
+	}
+	ctx := context.Background()
+	var l api.Lease
+	err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 2,
+		Constraints: api.Constraints{Vendor: "amd"},
+		Job:         &api.JobSpec{Command: []string{"/bin/sh", "-c", "echo rocr=$ROCR_VISIBLE_DEVICES hip=$HIP_VISIBLE_DEVICES"}}}, &l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.State != api.LeaseGranted || l.Allocations[0].Node != "mi300x" {
+		t.Fatalf("lease %+v, want granted on mi300x", l)
+	}
+	done := waitLease(t, c.admin, l.ID, 10*time.Second, final)
+	if done.State != api.LeaseDone {
+		t.Fatalf("lease ended %s: %s", done.State, done.Reason)
+	}
+	resp, err := c.admin.Raw(ctx, "GET", "/v1/jobs/"+l.Jobs[0]+"/logs", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(out), "rocr=0,1 hip=0,1") {
+		t.Errorf("job output %q", out)
+	}
+	// A fraction on the H100s gets MPS.
+	err = c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", Fraction: 0.25, MemoryBytes: 10 << 30,
+		Constraints: api.Constraints{Vendor: "nvidia"},
+		Job:         &api.JobSpec{Command: []string{"/bin/sh", "-c", "echo pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE mem=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}}}, &l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Isolation != api.IsolationMPS {
+		t.Errorf("fraction isolation %s, want mps", l.Isolation)
+	}
+	waitLease(t, c.admin, l.ID, 10*time.Second, final)
+	resp, err = c.admin.Raw(ctx, "GET", "/v1/jobs/"+l.Jobs[0]+"/logs?follow=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(out), "pct=25 mem=0=10240M") {
+		t.Errorf("fraction job output %q", out)
+	}
+}
