@@ -429,7 +429,7 @@ func (s *Scheduler) fit(r *Request, ni *NodeInfo, elig uint64) (*Candidate, stri
 			}
 			du := &ni.u.devs[k]
 			d := &n.Devices[k]
-			if r.GPUMemoryBytes > 0 && (d.MemoryBytes == 0 || du.mem+r.GPUMemoryBytes > d.MemoryBytes) {
+			if r.GPUMemoryBytes > 0 && (du.mem > d.MemoryBytes || r.GPUMemoryBytes > d.MemoryBytes-du.mem) {
 				continue
 			}
 			if du.milli == 0 && du.mem == 0 {

@@ -177,11 +177,23 @@ func layOut(geo kb.MIGModel, in []MIGInstance) bool {
 		}
 		todo = append(todo, i)
 	}
+	total := 0
+	for _, x := range in {
+		total += max(x.Size, 0)
+	}
+	if total > geo.MemorySlices {
+		return false
+	}
 	slices.SortStableFunc(todo, func(a, b int) int { return in[b].Size - in[a].Size })
+	// The outcome depends only on the next instance and the slices used.
+	failed := map[[2]uint32]bool{}
 	var place func(t int, used uint32) bool
 	place = func(t int, used uint32) bool {
 		if t == len(todo) {
 			return true
+		}
+		if failed[[2]uint32{uint32(t), used}] {
+			return false
 		}
 		x := &in[todo[t]]
 		p, ok := geo.Profile(x.Profile)
@@ -199,6 +211,7 @@ func layOut(geo kb.MIGModel, in []MIGInstance) bool {
 			}
 		}
 		x.Start = -1
+		failed[[2]uint32{uint32(t), used}] = true
 		return false
 	}
 	return place(0, used)

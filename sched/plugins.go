@@ -152,10 +152,10 @@ func (ResourceFilter) Name() string { return "resources" }
 // FilterNode implements NodeFilter.
 func (ResourceFilter) FilterNode(r *Request, ni *NodeInfo) string {
 	n := ni.Node
-	if r.CPUMilli > 0 && n.CPUMilli > 0 && ni.u.cpu+r.CPUMilli > n.CPUMilli {
+	if r.CPUMilli > 0 && n.CPUMilli > 0 && r.CPUMilli > n.CPUMilli-ni.u.cpu {
 		return "have too little free CPU"
 	}
-	if r.MemoryBytes > 0 && n.MemoryBytes > 0 && ni.u.mem+r.MemoryBytes > n.MemoryBytes {
+	if r.MemoryBytes > 0 && n.MemoryBytes > 0 && r.MemoryBytes > n.MemoryBytes-ni.u.mem {
 		return "have too little free host memory"
 	}
 	return ""

@@ -189,10 +189,10 @@ func apply(n *Node, u *nodeUsage, a *Allocation) error {
 	if a.CPUMilli < 0 {
 		return fmt.Errorf("negative CPU")
 	}
-	if n.CPUMilli > 0 && u.cpu+a.CPUMilli > n.CPUMilli {
+	if n.CPUMilli > 0 && a.CPUMilli > n.CPUMilli-u.cpu {
 		return fmt.Errorf("node %s: %d milli-CPU asked, %d free", n.Name, a.CPUMilli, n.CPUMilli-u.cpu)
 	}
-	if n.MemoryBytes > 0 && u.mem+a.MemoryBytes > n.MemoryBytes {
+	if n.MemoryBytes > 0 && a.MemoryBytes > n.MemoryBytes-u.mem {
 		return fmt.Errorf("node %s: %d bytes of memory asked, %d free", n.Name, a.MemoryBytes, n.MemoryBytes-u.mem)
 	}
 	u.cpu += a.CPUMilli
@@ -225,7 +225,7 @@ func apply(n *Node, u *nodeUsage, a *Allocation) error {
 		if du.milli+sh.Milli > 1000 {
 			return fmt.Errorf("node %s GPU %d: %d milli asked, %d free", n.Name, sh.Device, sh.Milli, 1000-du.milli)
 		}
-		if sh.MemoryBytes > 0 && (d.MemoryBytes == 0 || du.mem+sh.MemoryBytes > d.MemoryBytes) {
+		if sh.MemoryBytes > 0 && (du.mem > d.MemoryBytes || sh.MemoryBytes > d.MemoryBytes-du.mem) {
 			return fmt.Errorf("node %s GPU %d: %d bytes of GPU memory asked, %d free", n.Name, sh.Device, sh.MemoryBytes, d.MemoryBytes-min(du.mem, d.MemoryBytes))
 		}
 		if sh.Milli == 1000 && (du.milli != 0 || du.mem != 0) {
