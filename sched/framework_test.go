@@ -324,3 +324,41 @@ func TestMIGStartsThatStrandLeast(t *testing.T) {
 		t.Error("an eighth compute slice was handed out")
 	}
 }
+
+// The MI210 KFD copy has two xGMI hives of four GPUs (SYS between them):
+// four GPUs asked as one island land in one hive; two such requests fill
+// both; five in one island do not exist.
+func TestXGMIHivesFromKFD(t *testing.T) {
+	s, err := capture.Load(context.Background(), "../testdata/captures/kfd-topology/mi210-x8-xgmi-pcie")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := nodeOf(t, s)
+	if d := n.Devices[0]; d.Vendor != "amd" || d.GFXTarget != "gfx90a" || d.PCI != "0000:03:00.0" {
+		t.Fatalf("device 0 = %+v", d)
+	}
+	_, st := cluster(t, n)
+	sch := Default(1)
+	island := Locality{SameNVLinkIsland: true}
+	if _, err := sch.Place(st, Request{ID: "five", GPUs: 5, Locality: island}); err == nil {
+		t.Error("five GPUs placed in one xGMI hive of four")
+	}
+	p, err := sch.PlaceGang(st, Gang{ID: "g", Members: []Request{
+		{ID: "a", GPUs: 4, Locality: island, Constraints: Constraints{GFXTargets: []string{"gfx90a"}}},
+		{ID: "b", GPUs: 4, Locality: island},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range p.Allocations {
+		if a.WorstLink != "XGMI" {
+			t.Errorf("%s got %v over %s, want one hive", a.RequestID, devsOf(a), a.WorstLink)
+		}
+	}
+	if err := st.Commit(p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sch.Place(st, Request{ID: "cdna3", GPUs: 1, Constraints: Constraints{GFXTargets: []string{"gfx942"}}}); err == nil {
+		t.Error("gfx942 request placed on MI210s")
+	}
+}
