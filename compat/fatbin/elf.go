@@ -56,6 +56,7 @@ type window struct {
 
 type stream struct {
 	br   *bufio.Reader
+	size int // the buffer's size
 	pos  int64
 	wins []*window
 }
@@ -73,7 +74,7 @@ func (s *stream) keep(b []byte) {
 // advance moves n bytes forward, copying what the windows want.
 func (s *stream) advance(n int64) error {
 	for n > 0 {
-		chunk := int(min(n, bufSize))
+		chunk := int(min(n, int64(s.size)))
 		b, err := s.br.Peek(chunk)
 		if len(b) > 0 {
 			s.keep(b)
@@ -93,12 +94,17 @@ func (s *stream) advance(n int64) error {
 
 // Scan is Scan with the scanner's buffer.
 func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
-	if sc.br == nil {
-		sc.br = bufio.NewReaderSize(r, bufSize)
+	// Small files get a small buffer; the buffer grows once for a big one.
+	need := bufSize
+	if size >= 0 && size < bufSize {
+		need = max(int(size), 4096)
+	}
+	if sc.br == nil || sc.br.Size() < need {
+		sc.br = bufio.NewReaderSize(r, need)
 	} else {
 		sc.br.Reset(r)
 	}
-	s := &stream{br: sc.br}
+	s := &stream{br: sc.br, size: sc.br.Size()}
 	out := &ELFResult{}
 	peek, _ := s.br.Peek(64)
 	// The buffer is overwritten as the stream moves on: keep a copy.
@@ -146,7 +152,7 @@ func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
 	}
 	var found []container
 	for {
-		b, err := s.br.Peek(bufSize)
+		b, err := s.br.Peek(s.size)
 		if len(b) == 0 {
 			break
 		}

@@ -1,0 +1,132 @@
+// Package imagetest builds container images shaped like real GPU images
+// (CUDA libraries with .nv_fatbin sections, torch/version.py, versioned .so
+// names, ROCm version files) and runs a real registry to push them to. It
+// serves kiln's compat tests and its compat benchmark.
+package imagetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// RegistryBinary is Debian's CNCF distribution registry (package docker-registry).
+const RegistryBinary = "/usr/bin/docker-registry"
+
+// Registry is a running docker-registry on a loopback port.
+type Registry struct {
+	// Host is "127.0.0.1:PORT", the registry part of image references.
+	Host string
+	cmd  *exec.Cmd
+	dir  string
+	done chan error
+}
+
+// StartRegistry starts docker-registry with its storage in dir, listening
+// on a free loopback port, and waits until it answers.
+func StartRegistry(dir string) (*Registry, error) {
+	if _, err := os.Stat(RegistryBinary); err != nil {
+		return nil, fmt.Errorf("%s not found: run scripts/test.sh, which installs Debian's docker-registry package (apt-get install docker-registry): %w", RegistryBinary, err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	host := fmt.Sprintf("127.0.0.1:%d", port)
+	storage := filepath.Join(dir, "storage")
+	if err := os.MkdirAll(storage, 0o755); err != nil {
+		return nil, err
+	}
+	cfg := fmt.Sprintf(`version: 0.1
+log:
+  level: error
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: %s
+  delete:
+    enabled: true
+http:
+  addr: %s
+`, storage, host)
+	cfgPath := filepath.Join(dir, "config.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(dir, "registry.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(RegistryBinary, "serve", cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("starting %s: %w", RegistryBinary, err)
+	}
+	r := &Registry{Host: host, cmd: cmd, dir: dir, done: make(chan error, 1)}
+	go func() { r.done <- cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + host + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return r, nil
+			}
+		}
+		select {
+		case err := <-r.done:
+			log, _ := os.ReadFile(filepath.Join(dir, "registry.log"))
+			return nil, fmt.Errorf("docker-registry exited before answering (%v): %s", err, strings.TrimSpace(string(log)))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			r.Stop()
+			return nil, errors.New("docker-registry did not answer on " + host + " within 20 s")
+		}
+	}
+}
+
+// Stop ends the registry process and waits for it.
+func (r *Registry) Stop() {
+	if r == nil || r.cmd.Process == nil {
+		return
+	}
+	_ = r.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	}
+}
+
+// Registry starts a registry for one test and stops it when the test ends.
+// Without the docker-registry binary the test fails, saying how to get it.
+func NewTestRegistry(t testing.TB) *Registry {
+	t.Helper()
+	r, err := StartRegistry(t.TempDir())
+	if err != nil {
+		t.Fatalf("compat integration tests need a real registry: %v", err)
+	}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+func freePort() (int, error) {
+	l, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free loopback port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
