@@ -198,3 +198,22 @@ func (s *Server) checkJoinToken(ctx context.Context, tok string) error {
 	}
 	return nil
 }
+
+// CreateJoinToken makes a join token valid for ttl, for callers in the same
+// process (kiln up); the API's POST /v1/join-tokens does the same.
+func (s *Server) CreateJoinToken(ctx context.Context, ttl time.Duration) (api.JoinToken, error) {
+	id := randHex(6)
+	secret, hash := newSecret()
+	now := time.Now().UTC()
+	err := s.st.Update(ctx, func(tx *store.Tx) error {
+		if err := tx.PutJoinToken(id, hash, now, now.Add(ttl)); err != nil {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "join-token.created", Subject: id, Message: "join token " + id + " valid until " + now.Add(ttl).Format(time.RFC3339)})
+	})
+	if err != nil {
+		return api.JoinToken{}, err
+	}
+	tok := joinTokenPrefix + id + "_" + secret
+	return api.JoinToken{ID: id, Secret: tok, Expires: now.Add(ttl), Command: s.joinCommand(tok)}, nil
+}

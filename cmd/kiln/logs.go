@@ -1,0 +1,62 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net/url"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"kiln.dev/kiln/server/api"
+)
+
+func init() { addCommand(newLogsCmd) }
+
+func newLogsCmd() *cobra.Command {
+	var cf clientFlags
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "logs [-f] JOB|LEASE",
+		Short: "Print a job's output (standard output and error, as the agent captured them)",
+		Long: `kiln logs prints what a job wrote. Given a lease id, it prints the lease's first
+job. With -f it follows the output until the job ends.`,
+		Example: `  kiln logs j-1a2b3c
+  kiln logs -f l-9x8y7z`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := cf.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			id := args[0]
+			if strings.HasPrefix(id, "l-") {
+				var l api.Lease
+				if err := c.Do(ctx, "GET", "/v1/leases/"+url.PathEscape(id), nil, &l); err != nil {
+					return apiErr(err)
+				}
+				if len(l.Jobs) == 0 {
+					return &exitError{code: 2, err: errors.New("lease " + id + " has no job")}
+				}
+				id = l.Jobs[0]
+			}
+			q := ""
+			if follow {
+				q = "?follow=1"
+			}
+			resp, err := c.Raw(ctx, "GET", "/v1/jobs/"+url.PathEscape(id)+"/logs"+q, nil)
+			if err != nil {
+				return apiErr(err)
+			}
+			defer resp.Body.Close()
+			if _, err := io.Copy(cmd.OutOrStdout(), resp.Body); err != nil && ctx.Err() == nil {
+				return &exitError{code: 3, err: err}
+			}
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the job ends")
+	return cmd
+}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kiln.dev/kiln/server/api"
+)
+
+func init() { addCommand(newRunCmd) }
+
+func newRunCmd() *cobra.Command {
+	var cf clientFlags
+	var sf sizeFlags
+	var format, image, leaseID, workdir string
+	var env []string
+	var detach bool
+	cmd := &cobra.Command{
+		Use:   "run [--gpus N | --fraction F --mem M | --mig P] [--image REF] -- CMD [ARG...]",
+		Short: "Run a command on leased GPUs and stream its output",
+		Long: `kiln run asks for GPUs, waits for them (showing the queue position and the
+estimated start on a terminal), runs the command on the node that got them with
+the GPU environment set, and streams its output here. The lease ends with the
+command; kiln run exits with the command's exit code.
+
+The job sees only its GPUs: CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES on
+NVIDIA, ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES on AMD, and for an MPS fraction
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
+KILN_ISOLATION says what isolation it really has (exclusive, mig, mps,
+time-slicing); KILN_LEASE_ID, KILN_JOB_ID, KILN_RANK and KILN_WORLD_SIZE are set too.
+
+Ctrl-C cancels the lease and stops the command. With --lease the command runs in
+a lease you already hold ('kiln lease').
+
+Exit codes: the command's own, 2 when the lease was refused or the job did not
+end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
+		Example: `  kiln run --gpus 1 -- nvidia-smi
+  kiln run --gpus 4 --same-nvlink --time-limit 2h -- torchrun --nproc-per-node 4 train.py
+  kiln run --fraction 0.5 --mem 20G -- python infer.py
+  kiln run --lease l-1a2b3c -- python eval.py
+  kiln run --gpus 2 --detach -o json -- ./train.sh`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
+				return err
+			}
+			if len(args) == 0 && image == "" {
+				return &exitError{code: 3, err: errors.New("give a command after --, or an --image")}
+			}
+			c, cfg, err := cf.client()
+			if err != nil {
+				return err
+			}
+			spec := api.JobSpec{Command: args, Image: image, WorkDir: workdir, Env: map[string]string{}}
+			for _, kv := range env {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return &exitError{code: 3, err: fmt.Errorf("--env %q: want KEY=VALUE", kv)}
+				}
+				spec.Env[k] = v
+			}
+			if spec.WorkDir == "" && isLoopback(cfg.Server) {
+				spec.WorkDir, _ = os.Getwd() // the job runs on this machine
+			}
+			ctx := cmd.Context()
+			stderr := cmd.ErrOrStderr()
+			tty := colorOK(stderr)
+			var l *api.Lease
+			var jobID string
+			if leaseID != "" {
+				var j api.Job
+				if err := c.Do(ctx, "POST", "/v1/leases/"+url.PathEscape(leaseID)+"/jobs", spec, &j); err != nil {
+					return apiErr(err)
+				}
+				jobID = j.ID
+				l = &api.Lease{ID: leaseID}
+			} else {
+				req, err := sf.request(cfg)
+				if err != nil {
+					return &exitError{code: 3, err: err}
+				}
+				req.Job = &spec
+				var got api.Lease
+				if err := c.Do(ctx, "POST", "/v1/leases", req, &got); err != nil {
+					return apiErr(err)
+				}
+				l, jobID = &got, got.Jobs[0]
+				if detach {
+					return printRun(cmd.OutOrStdout(), format, l, nil)
+				}
+				l, err = waitGranted(ctx, c, l, stderr, tty)
+				if err != nil {
+					return cancelOnInterrupt(c, l.ID, stderr, err)
+				}
+				if l.State != api.LeaseGranted {
+					fmt.Fprintf(stderr, "kiln: lease %s %s: %s\n", l.ID, l.State, l.Reason)
+					_ = printRun(cmd.OutOrStdout(), format, l, nil)
+					return &exitError{code: 2}
+				}
+				if tty || format == "text" {
+					writeGrantLine(stderr, l)
+				}
+			}
+			if detach {
+				return printRun(cmd.OutOrStdout(), format, l, nil)
+			}
+			logOut := cmd.OutOrStdout()
+			if format != "text" {
+				logOut = stderr
+			}
+			if err := followLogs(ctx, c, jobID, logOut); err != nil {
+				return cancelOnInterrupt(c, l.ID, stderr, err)
+			}
+			j, err := waitJob(ctx, c, jobID)
+			if err != nil {
+				return cancelOnInterrupt(c, l.ID, stderr, err)
+			}
+			if format != "text" {
+				var fin api.Lease
+				if c.Do(ctx, "GET", "/v1/leases/"+url.PathEscape(l.ID), nil, &fin) == nil {
+					l = &fin
+				}
+				if err := printRun(cmd.OutOrStdout(), format, l, j); err != nil {
+					return err
+				}
+			}
+			return jobExit(j, stderr)
+		},
+	}
+	cf.add(cmd)
+	sf.add(cmd)
+	fl := cmd.Flags()
+	fl.StringVarP(&format, "output", "o", "text", "output format: text (the command's output), json or yaml (the lease and job records; output goes to standard error)")
+	fl.StringVar(&image, "image", "", "container image to run (runs where kiln compat says it runs)")
+	fl.StringVar(&leaseID, "lease", "", "run in this lease instead of asking for a new one")
+	fl.StringVar(&workdir, "workdir", "", "working directory on the node (default: the current one when the server is on this machine)")
+	fl.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE for the job (repeatable)")
+	fl.BoolVarP(&detach, "detach", "d", false, "print the lease and return at once; follow with 'kiln logs -f'")
+	return cmd
+}
+
+func isLoopback(server string) bool {
+	u, err := url.Parse(server)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+func writeGrantLine(w io.Writer, l *api.Lease) {
+	var parts []string
+	for _, a := range l.Allocations {
+		ids := make([]string, len(a.Devices))
+		for i, d := range a.Devices {
+			ids[i] = d.ID
+		}
+		parts = append(parts, a.Node+":"+strings.Join(ids, ","))
+	}
+	fmt.Fprintf(w, "kiln: lease %s granted %s (isolation %s)\n", l.ID, strings.Join(parts, " "), l.Isolation)
+}
+
+type runRecord struct {
+	Lease *api.Lease `json:"lease"`
+	Job   *api.Job   `json:"job,omitempty"`
+}
+
+func printRun(w io.Writer, format string, l *api.Lease, j *api.Job) error {
+	if format == "text" {
+		writeLeaseText(w, l)
+		return nil
+	}
+	return writeStructured(w, format, runRecord{Lease: l, Job: j})
+}
+
+// cancelOnInterrupt cancels the lease when the user interrupted kiln run.
+func cancelOnInterrupt(c *api.Client, id string, stderr io.Writer, err error) error {
+	if errors.Is(err, context.Canceled) && id != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if cerr := c.Do(ctx, "DELETE", "/v1/leases/"+url.PathEscape(id), nil, nil); cerr == nil {
+			fmt.Fprintf(stderr, "\nkiln: interrupted; lease %s cancelled\n", id)
+		}
+		return &exitError{code: 130}
+	}
+	return apiErr(err)
+}
+
+// followLogs streams a job's output until the job ends.
+func followLogs(ctx context.Context, c *api.Client, jobID string, w io.Writer) error {
+	resp, err := c.Raw(ctx, "GET", "/v1/jobs/"+url.PathEscape(jobID)+"/logs?follow=1", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// waitJob waits until a job is final.
+func waitJob(ctx context.Context, c *api.Client, id string) (*api.Job, error) {
+	for {
+		var j api.Job
+		if err := c.Do(ctx, "GET", "/v1/jobs/"+url.PathEscape(id), nil, &j); err != nil {
+			return nil, err
+		}
+		if api.JobFinal(j.State) {
+			return &j, nil
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func jobExit(j *api.Job, stderr io.Writer) error {
+	if j.State != api.JobExited {
+		fmt.Fprintf(stderr, "kiln: job %s %s: %s\n", j.ID, j.State, j.Reason)
+		return &exitError{code: 2}
+	}
+	if j.ExitCode != nil && *j.ExitCode != 0 {
+		code := *j.ExitCode
+		if code < 0 || code > 255 {
+			code = 2
+		}
+		return &exitError{code: code}
+	}
+	if j.Reason != "" && j.Reason != "exited" {
+		fmt.Fprintf(stderr, "kiln: job %s: %s\n", j.ID, j.Reason)
+		return &exitError{code: 2}
+	}
+	return nil
+}

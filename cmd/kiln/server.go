@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kiln.dev/kiln/server"
+	"kiln.dev/kiln/server/api"
+)
+
+func init() { addCommand(newServerCmd) }
+
+// clientFlags say how a command reaches the server.
+type clientFlags struct {
+	config string
+	server string
+	token  string
+	caFile string
+}
+
+func (f *clientFlags) add(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.config, "config", "", "client configuration file (default $KILN_CONFIG or ~/.config/kiln/client.json, written by 'kiln up')")
+	fl.StringVar(&f.server, "server", "", "server URL, https://host:7443 (overrides the configuration)")
+	fl.StringVar(&f.token, "token", "", "API token (overrides the configuration; or $KILN_TOKEN)")
+	fl.StringVar(&f.caFile, "ca", "", "server CA certificate file (overrides the configuration)")
+}
+
+func (f *clientFlags) client() (*api.Client, *api.ClientConfig, error) {
+	path := f.config
+	if path == "" {
+		path = api.DefaultConfigPath()
+	}
+	cfg, err := api.LoadClientConfig(path)
+	if err != nil {
+		if f.server == "" {
+			return nil, nil, &exitError{code: 3, err: err}
+		}
+		cfg = &api.ClientConfig{}
+	}
+	if f.server != "" {
+		cfg.Server = f.server
+	}
+	if t := os.Getenv("KILN_TOKEN"); t != "" {
+		cfg.Token = t
+	}
+	if f.token != "" {
+		cfg.Token = f.token
+	}
+	if f.caFile != "" {
+		b, err := os.ReadFile(f.caFile)
+		if err != nil {
+			return nil, nil, &exitError{code: 3, err: err}
+		}
+		cfg.CAPEM = string(b)
+	}
+	if cfg.CAPEM == "" {
+		return nil, nil, &exitError{code: 3, err: errors.New("no server CA: pass --ca FILE (the server's ca.crt) or use the configuration 'kiln up' writes")}
+	}
+	c, err := cfg.Client()
+	if err != nil {
+		return nil, nil, &exitError{code: 3, err: err}
+	}
+	return c, cfg, nil
+}
+
+// apiErr turns an API error into an exit error: 2 for a refusal by the
+// server (4xx), 3 when it could not be asked.
+func apiErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return err
+	}
+	if s := api.StatusOf(err); s >= 400 && s < 500 {
+		return &exitError{code: 2, err: err}
+	}
+	return &exitError{code: 3, err: err}
+}
+
+// defaultDataDir is $KILN_DATA, else $XDG_DATA_HOME/kiln, else
+// ~/.local/share/kiln.
+func defaultDataDir() string {
+	if d := os.Getenv("KILN_DATA"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "kiln")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "kiln")
+	}
+	return ".kiln"
+}
+
+type serverFlags struct {
+	data             string
+	listen           string
+	url              string
+	hosts            []string
+	heartbeatTimeout time.Duration
+	defaultLimit     time.Duration
+	maxLimit         time.Duration
+	grace            time.Duration
+	fairWindow       time.Duration
+}
+
+func (f *serverFlags) add(cmd *cobra.Command, listen string) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.data, "data", "", "data directory: database, CA, job logs (default $KILN_DATA or ~/.local/share/kiln)")
+	fl.StringVar(&f.listen, "listen", listen, "address to serve the API on")
+	fl.StringVar(&f.url, "url", "", "URL agents and users reach this server at (default https://<listen address>)")
+	fl.StringSliceVar(&f.hosts, "host", nil, "extra host name or address for the server certificate (repeatable)")
+	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", 30*time.Second, "a node silent this long is lost")
+	fl.DurationVar(&f.defaultLimit, "default-time-limit", 24*time.Hour, "time limit of leases that ask for none")
+	fl.DurationVar(&f.maxLimit, "max-time-limit", 7*24*time.Hour, "longest time limit a lease may ask for")
+	fl.DurationVar(&f.grace, "grace", 30*time.Second, "time a preempted or expired job gets between SIGTERM and SIGKILL")
+	fl.DurationVar(&f.fairWindow, "fair-share-window", time.Hour, "half-life of past usage in the fair-share order")
+}
+
+// start opens the server and its listener; the caller serves.
+func (f *serverFlags) start(ctx context.Context, log *slog.Logger) (*server.Server, net.Listener, string, error) {
+	if f.data == "" {
+		f.data = defaultDataDir()
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return nil, nil, "", &exitError{code: 3, err: fmt.Errorf("listening on %s: %w", f.listen, err)}
+	}
+	url := f.url
+	if url == "" {
+		host, port, _ := net.SplitHostPort(ln.Addr().String())
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			host, _ = os.Hostname()
+		}
+		url = "https://" + net.JoinHostPort(host, port)
+	}
+	srv, err := server.New(ctx, server.Config{
+		DataDir: f.data, URL: url, Hosts: f.hosts, HeartbeatTimeout: f.heartbeatTimeout,
+		DefaultTimeLimit: f.defaultLimit, MaxTimeLimit: f.maxLimit, PreemptGrace: f.grace,
+		FairShareWindow: f.fairWindow, Logger: log,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, nil, "", &exitError{code: 3, err: err}
+	}
+	return srv, ln, url, nil
+}
+
+// adminConfig is the admin's client configuration kept in the data
+// directory; written on first start.
+func adminConfig(srv *server.Server, data, url string) (*api.ClientConfig, error) {
+	path := filepath.Join(data, "admin-client.json")
+	if srv.Bootstrap != nil {
+		cfg := &api.ClientConfig{Server: url, Token: srv.Bootstrap.AdminToken, CAPEM: string(srv.CAPEM()), Project: "default"}
+		return cfg, cfg.Save(path)
+	}
+	cfg, err := api.LoadClientConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Server, cfg.CAPEM = url, string(srv.CAPEM())
+	return cfg, cfg.Save(path)
+}
+
+func newServerCmd() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the lease server: GPUs leased over the network to users and their jobs",
+		Long: `kiln server serves kiln's HTTP/JSON API (/v1, described by server/openapi.yaml)
+over TLS. Nodes run 'kiln agent' (joined with 'kiln join'); users ask for GPUs with
+'kiln run', 'kiln lease' and friends.
+
+On first start the server creates, in its data directory:
+  kiln.db             the store (SQLite, WAL): users, projects, tokens, nodes, leases, jobs, events
+  ca.crt, ca.key      its own certificate authority; agents pin its SHA-256, so no PKI is needed
+  admin-client.json   the admin's client configuration (server URL, token, CA)
+and prints the admin token and the join command for nodes, once.
+
+Leases are whole GPUs, one MIG instance or a fraction of a GPU. A fraction runs
+with the strongest isolation the GPU has: MIG (hardware), MPS (thread share and a
+pinned memory limit) or time-slicing (none), and the lease says which.
+
+The queue: projects share the GPUs by weight (fair share: GPUs held now plus
+usage over the fair-share window); inside a project, higher priority first, then
+arrival. The first lease that does not fit holds a reservation; smaller leases
+run beside it only when they end before it starts (backfill). A lease may preempt
+preemptible leases of lower priority: they get SIGTERM, a notice in their log,
+and SIGKILL after the grace period. Leases end at their time limit.
+
+A node silent for the heartbeat timeout is lost: its leases are marked lost and
+its GPUs stay held until the agent registers again or an admin runs
+'kiln drain NODE --clear-lost'.`,
+		Example: `  kiln server --data /var/lib/kiln --listen :7443 --url https://gpu-head.lab:7443
+  KILN_CONFIG=/var/lib/kiln/admin-client.json kiln nodes`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			log := slog.Default()
+			srv, ln, url, err := f.start(ctx, log)
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			cfgPath := filepath.Join(f.data, "admin-client.json")
+			if _, err := adminConfig(srv, f.data, url); err != nil {
+				return &exitError{code: 3, err: err}
+			}
+			printServerBanner(cmd.OutOrStdout(), srv, url, cfgPath)
+			if err := srv.Serve(ctx, ln); err != nil {
+				return &exitError{code: 3, err: err}
+			}
+			return nil
+		},
+	}
+	f.add(cmd, ":7443")
+	return cmd
+}
+
+func printServerBanner(w io.Writer, srv *server.Server, url, cfgPath string) {
+	fmt.Fprintf(w, "kiln server at %s\n", url)
+	fmt.Fprintf(w, "CA SHA-256: %s\n", srv.CAFingerprint())
+	if b := srv.Bootstrap; b != nil {
+		fmt.Fprintf(w, "\nFirst start. Admin token (shown once, also saved in %s):\n  %s\n", cfgPath, b.AdminToken)
+		fmt.Fprintf(w, "\nOn each GPU node, run:\n  %s\n", b.JoinCommand)
+	} else {
+		fmt.Fprintf(w, "admin configuration: %s\nmake a join command for a node with: kiln token join\n", cfgPath)
+	}
+	fmt.Fprintf(w, "\nUse it with: KILN_CONFIG=%s kiln nodes\n", cfgPath)
+}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kiln.dev/kiln/agent"
+	"kiln.dev/kiln/capture"
+	"kiln.dev/kiln/discover"
+	"kiln.dev/kiln/executor/process"
+	"kiln.dev/kiln/kb"
+	"kiln.dev/kiln/server"
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/snapshot"
+)
+
+func init() { addCommand(newUpCmd) }
+
+// demoMachine is a recorded machine kiln up --demo replays.
+type demoMachine struct {
+	node string
+	path string // relative to the repository root
+	what string
+}
+
+var demoMachines = []demoMachine{
+	{"demo-hgx-h100", "testdata/fixtures/h100-hgx8-sysfs", "an 8-GPU H100 HGX server (NVSwitch)"},
+	{"demo-mi300x", "testdata/captures/kfd-topology/mi300x-x8-cpx.tar.gz", "an 8-GPU MI300X server in CPX mode"},
+	{"demo-pcie-l40s", "testdata/fixtures/pcie4-downtrained-acs", "a 4-GPU L40S PCIe box with a downtrained link and ACS on"},
+}
+
+// findDemoRoot finds the directory holding kiln's testdata: dir when
+// given, else the current directory or the executable's, or their parents.
+func findDemoRoot(dir string) (string, error) {
+	var tries []string
+	if dir != "" {
+		tries = append(tries, dir)
+	} else {
+		if wd, err := os.Getwd(); err == nil {
+			tries = append(tries, wd, filepath.Dir(wd))
+		}
+		if exe, err := os.Executable(); err == nil {
+			d := filepath.Dir(exe)
+			tries = append(tries, d, filepath.Dir(d))
+		}
+	}
+	for _, d := range tries {
+		if _, err := os.Stat(filepath.Join(d, demoMachines[0].path)); err == nil {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("the recorded machines for --demo are in kiln's source tree (testdata/): run kiln up --demo from the repository root, or pass --demo-dir; looked in %s", strings.Join(tries, ", "))
+}
+
+func loadDemo(ctx context.Context, root string, m demoMachine) (*snapshot.Snapshot, error) {
+	p := filepath.Join(root, m.path)
+	var s *snapshot.Snapshot
+	var err error
+	if discover.IsBundle(p) {
+		s, err = discover.Replay(ctx, p)
+	} else {
+		s, err = capture.Load(ctx, p)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", m.path, err)
+	}
+	kb.Default().Annotate(s)
+	if s.Host.Hostname == "" {
+		s.Host.Hostname = m.node
+	}
+	return s, nil
+}
+
+func newUpCmd() *cobra.Command {
+	var f serverFlags
+	var demo, noLocal bool
+	var demoDir, configPath string
+	var heartbeat time.Duration
+	cmd := &cobra.Command{
+		Use:   "up [--demo]",
+		Short: "Start a kiln server and an agent for this machine: GPUs as a service on one box",
+		Long: `kiln up runs the lease server and this machine's agent in one process, with the
+data in ~/.local/share/kiln (or --data). It writes the admin's client
+configuration to ~/.config/kiln/client.json, so 'kiln run', 'kiln lease',
+'kiln ls', 'kiln nodes' and the others work from this shell at once.
+
+--demo adds agents that replay recorded machines from kiln's fixtures: an 8-GPU
+H100 HGX server, an 8-GPU MI300X server and a 4-GPU L40S PCIe box. Their GPUs are
+recorded, not real: jobs placed there run on this machine as ordinary processes,
+with the GPU environment (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, MPS limits)
+set as it would be on the real machine. Try the whole service on a laptop.
+
+Ctrl-C stops everything; the next kiln up finds its leases, projects and tokens
+again.`,
+		Example: `  go build -o kiln ./cmd/kiln && ./kiln up
+  ./kiln up --demo
+  ./kiln up --demo --data /tmp/kiln-demo --listen 127.0.0.1:7450`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			out := cmd.OutOrStdout()
+			var root string
+			if demo {
+				var err error
+				if root, err = findDemoRoot(demoDir); err != nil {
+					return &exitError{code: 3, err: err}
+				}
+			}
+			log := slog.Default()
+			srv, ln, url, err := f.start(ctx, log)
+			if err != nil {
+				return err
+			}
+			var wg sync.WaitGroup
+			defer func() {
+				cancel()
+				wg.Wait()
+				srv.Close()
+			}()
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = srv.Serve(ctx, ln) }()
+			admin, err := adminConfig(srv, f.data, url)
+			if err != nil {
+				return &exitError{code: 3, err: err}
+			}
+			cfgNote := writeUserConfig(admin, configPath)
+			client, err := admin.Client()
+			if err != nil {
+				return &exitError{code: 3, err: err}
+			}
+			type node struct {
+				name     string
+				discover func(context.Context) (*snapshot.Snapshot, error)
+				recorded bool
+				what     string
+			}
+			var nodes []node
+			if !noLocal {
+				var src sourceFlags
+				nodes = append(nodes, node{name: hostNodeName(), discover: func(ctx context.Context) (*snapshot.Snapshot, error) { return src.load(ctx, nil) }, what: "this machine"})
+			}
+			if demo {
+				for _, m := range demoMachines {
+					s, err := loadDemo(ctx, root, m)
+					if err != nil {
+						return &exitError{code: 3, err: err}
+					}
+					nodes = append(nodes, node{name: m.node, discover: func(context.Context) (*snapshot.Snapshot, error) { return s, nil }, recorded: true, what: m.what})
+				}
+			}
+			for _, n := range nodes {
+				id, err := localIdentity(ctx, srv, url, n.name, filepath.Join(f.data, "agents", n.name))
+				if err != nil {
+					return &exitError{code: 3, err: err}
+				}
+				a, err := agent.New(agent.Config{Identity: id, Executor: &process.Executor{}, Discover: n.discover, Recorded: n.recorded,
+					Heartbeat: heartbeat, Logger: log})
+				if err != nil {
+					return &exitError{code: 3, err: err}
+				}
+				wg.Add(1)
+				go func() { defer wg.Done(); _ = a.Run(ctx) }()
+			}
+			ready := waitReady(ctx, client, len(nodes), 20*time.Second)
+			printUp(out, url, f.data, cfgNote, ready, demo)
+			<-ctx.Done()
+			fmt.Fprintln(cmd.ErrOrStderr(), "kiln up: stopping")
+			return nil
+		},
+	}
+	f.add(cmd, "127.0.0.1:7443")
+	cmd.Flags().BoolVar(&demo, "demo", false, "also run agents that replay recorded machines (their GPUs are not real)")
+	cmd.Flags().StringVar(&demoDir, "demo-dir", "", "kiln's source tree, where the recorded machines are (default: found from here)")
+	cmd.Flags().BoolVar(&noLocal, "no-local-agent", false, "do not run an agent for this machine")
+	cmd.Flags().StringVar(&configPath, "config", "", "where to write the client configuration (default $KILN_CONFIG or ~/.config/kiln/client.json)")
+	cmd.Flags().DurationVar(&heartbeat, "heartbeat", 2*time.Second, "agents' heartbeat interval")
+	return cmd
+}
+
+// localIdentity reuses an agent identity kept in dir, or joins with a
+// fresh join token.
+func localIdentity(ctx context.Context, srv *server.Server, url, node, dir string) (*agent.Identity, error) {
+	if id, err := agent.LoadIdentity(dir); err == nil {
+		id.Server = url
+		return id, nil
+	}
+	jt, err := srv.CreateJoinToken(ctx, 10*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	return agent.Join(ctx, url, jt.Secret, srv.CAFingerprint(), node, dir)
+}
+
+// writeUserConfig saves the admin configuration where the CLI looks,
+// unless a configuration for another server is there.
+func writeUserConfig(cfg *api.ClientConfig, path string) string {
+	if path == "" {
+		path = api.DefaultConfigPath()
+	}
+	if old, err := api.LoadClientConfig(path); err == nil && old.Server != cfg.Server && old.CAPEM != cfg.CAPEM {
+		return fmt.Sprintf("%s is for another server (%s); use this one with KILN_CONFIG=%s", path, old.Server, filepath.Join(filepath.Dir(path), "..", "..", ".local", "share", "kiln", "admin-client.json"))
+	}
+	if err := cfg.Save(path); err != nil {
+		return fmt.Sprintf("could not write %s: %v", path, err)
+	}
+	return "client configuration (admin): " + path
+}
+
+func waitReady(ctx context.Context, c *api.Client, want int, within time.Duration) []api.Node {
+	deadline := time.Now().Add(within)
+	var nl api.NodeList
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if err := c.Do(ctx, "GET", "/v1/nodes", nil, &nl); err == nil {
+			n := 0
+			for _, nd := range nl.Nodes {
+				if nd.State == api.NodeReady {
+					n++
+				}
+			}
+			if n >= want {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nl.Nodes
+}
+
+func printUp(w io.Writer, url, data, cfgNote string, nodes []api.Node, demo bool) {
+	fmt.Fprintf(w, "kiln is up at %s (data in %s)\n%s\n\n", url, data, cfgNote)
+	writeNodeTable(w, nodes)
+	if demo {
+		fmt.Fprintln(w, "\nThe demo nodes replay RECORDED machines: their GPUs are not real. Jobs placed on them")
+		fmt.Fprintln(w, "run here as plain processes, with the GPU environment set as on the real machine.")
+	}
+	fmt.Fprintln(w, "\nTry:")
+	fmt.Fprintln(w, "  ./kiln nodes")
+	fmt.Fprintln(w, `  ./kiln run --gpus 2 --same-nvlink -- sh -c 'echo GPUs: $CUDA_VISIBLE_DEVICES$ROCR_VISIBLE_DEVICES'`)
+	fmt.Fprintln(w, `  ./kiln run --fraction 0.25 --mem 10G -- sh -c 'env | grep -E "KILN_ISOLATION|CUDA_MPS"'`)
+	fmt.Fprintln(w, "  ./kiln ls --all")
+	fmt.Fprintln(w, "Ctrl-C stops the server and its agents.")
+}
+
