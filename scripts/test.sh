@@ -2,7 +2,8 @@
 # Runs kiln's whole test suite: vet, then every test with the race detector.
 # It installs what the tests need on a fresh Debian machine (Go must be
 # there already; gcc is needed for the race detector and the NVML binding,
-# docker-registry for the compat tests).
+# docker-registry for the compat and container tests, containerd and runc
+# for the container executor's tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,10 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 # docker-registry (the CNCF distribution registry), started by the tests
 # themselves on a loopback port.
 [ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+# The container executor's tests run jobs through Debian's containerd and
+# runc, started by the tests with their own root, state and socket.
+[ -x /usr/bin/containerd ] || need_apt+=(containerd)
+[ -x /usr/sbin/runc ] || need_apt+=(runc)
 if [ ${#need_apt[@]} -gt 0 ]; then
 	echo "installing ${need_apt[*]}"
 	if [ "$(id -u)" = 0 ]; then
@@ -38,4 +43,7 @@ if [ -n "$unformatted" ]; then
 	exit 1
 fi
 go vet ./...
+# go test prints why a test skipped only with -v: say here whether the
+# container tests can run on this machine, and if not, why.
+go test -count=1 -run '^TestContainerSupport$' -v ./executor/containerd | grep -E -- '^(---|\s)' || true
 go test -race -count=1 ./...

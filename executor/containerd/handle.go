@@ -1,0 +1,148 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	client "github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"kiln.dev/kiln/executor"
+)
+
+// handle is one running container job.
+type handle struct {
+	id      string
+	logPath string
+	poll    time.Duration
+	task    client.Task
+	done    chan struct{}
+
+	mu       sync.Mutex
+	stopping bool
+	exit     executor.Exit
+	err      error
+}
+
+var _ executor.Handle = (*handle)(nil)
+
+// Logs follows the job's log file from its start; the reader ends once
+// the job has ended and all its output has been read.
+func (h *handle) Logs() io.ReadCloser {
+	f, err := os.Open(h.logPath)
+	if err != nil {
+		return io.NopCloser(&errReader{fmt.Errorf("job %s: logs: %w", h.id, err)})
+	}
+	return &follower{f: f, done: h.done, poll: h.poll, closed: make(chan struct{})}
+}
+
+// Wait blocks until the job has ended and been removed.
+func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
+	select {
+	case <-h.done:
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.exit, h.err
+	case <-ctx.Done():
+		return executor.Exit{}, ctx.Err()
+	}
+}
+
+// Stop sends SIGTERM to the job's first process, and SIGKILL to all its
+// processes when it has not ended after grace. A job's first process is
+// PID 1 of its container, which ignores SIGTERM unless it handles it: such
+// a job ends at the SIGKILL.
+func (h *handle) Stop(ctx context.Context, grace time.Duration) error {
+	select {
+	case <-h.done:
+		return nil
+	default:
+	}
+	h.mu.Lock()
+	h.stopping = true
+	h.mu.Unlock()
+	if err := h.task.Kill(ctx, syscall.SIGTERM); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("job %s: SIGTERM: %w", h.id, err)
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-h.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	if err := h.task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("job %s: SIGKILL: %w", h.id, err)
+	}
+	select {
+	case <-h.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// signalOf names the signal of an exit status of 128+n, the way runc
+// reports a process killed by signal n.
+func signalOf(code uint32) string {
+	if code <= 128 || code > 128+64 {
+		return ""
+	}
+	return unix.SignalName(syscall.Signal(code - 128))
+}
+
+// follower reads a file that another process appends to, until done is
+// closed and the file has been read to its end.
+type follower struct {
+	f      *os.File
+	done   <-chan struct{}
+	poll   time.Duration
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (r *follower) Read(p []byte) (int, error) {
+	for {
+		n, err := r.f.Read(p)
+		if n > 0 {
+			return n, nil
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		select {
+		case <-r.closed:
+			return 0, os.ErrClosed
+		case <-r.done:
+			// The job is over and its output flushed: what is left is
+			// read, then the stream ends.
+			n, err := r.f.Read(p)
+			if n > 0 {
+				return n, nil
+			}
+			if err == nil || errors.Is(err, io.EOF) {
+				return 0, io.EOF
+			}
+			return 0, err
+		case <-time.After(r.poll):
+		}
+	}
+}
+
+func (r *follower) Close() error {
+	r.once.Do(func() { close(r.closed) })
+	return r.f.Close()
+}
+
+type errReader struct{ err error }
+
+func (r *errReader) Read([]byte) (int, error) { return 0, r.err }
