@@ -22,8 +22,8 @@ type stateKey struct {
 type Memo struct {
 	w       *Workload
 	measure func(*Workload, Node) float64
-	models map[string]int32
-	m      map[stateKey]float64
+	models  map[string]int32
+	m       map[stateKey]float64
 	// Hits and Misses count look-ups, for benchmarks.
 	Hits, Misses int
 }
