@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	client "github.com/containerd/containerd"
@@ -154,3 +155,19 @@ func (e *Executor) ns(ctx context.Context) context.Context {
 
 // ErrNoImage is returned for a job without an image.
 var ErrNoImage = errors.New("a container job needs an image")
+
+// Running lists the jobs that have a container in kiln's namespace, by
+// job id, so that an agent that restarts can reconcile them with its
+// leases. A job is listed until its container is removed after it ends.
+func (e *Executor) Running(ctx context.Context) ([]string, error) {
+	ctrs, err := e.client.Containers(e.ns(ctx), fmt.Sprintf("labels.%q", LabelJob))
+	if err != nil {
+		return nil, fmt.Errorf("listing kiln's containers: %w", err)
+	}
+	var ids []string
+	for _, c := range ctrs {
+		ids = append(ids, c.ID())
+	}
+	sort.Strings(ids)
+	return ids, nil
+}

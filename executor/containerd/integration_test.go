@@ -242,6 +242,9 @@ func TestContainerJobsEndToEnd(t *testing.T) {
 		logs := h.Logs()
 		defer logs.Close()
 		readUntil(t, logs, "ready")
+		if ids, err := ex.Running(ctx); err != nil || !slices.Equal(ids, []string{"job-wait"}) {
+			t.Errorf("Running = %v, %v; want [job-wait]", ids, err)
+		}
 		// The limits, read from the host's cgroup files of the job.
 		pid := h.(*handle).task.Pid()
 		mem := cgroupValue(t, pid, "memory", "memory.limit_in_bytes", "memory.max")
@@ -265,6 +268,9 @@ func TestContainerJobsEndToEnd(t *testing.T) {
 		}
 		if _, err := io.ReadAll(logs); err != nil {
 			t.Errorf("log reader after the end: %v", err)
+		}
+		if ids, err := ex.Running(ctx); err != nil || len(ids) != 0 {
+			t.Errorf("Running after the end = %v, %v", ids, err)
 		}
 		if err := h.Stop(ctx, time.Second); err != nil {
 			t.Errorf("Stop after the end: %v", err)
