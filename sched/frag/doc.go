@@ -25,13 +25,15 @@
 //
 // A placement engine calls, per candidate node and request:
 //
-//	frag.Fits(node Node, req Task) bool                     // filter
-//	frag.Score(node Node, req Task, target *Workload) float64 // FGD: higher is better
+//	frag.Fits(node Node, req Task) bool                       // filter
+//	frag.Score(node Node, req Task, target *Workload) float64 // FGD: higher is better, -Inf: no fit
 //	frag.ChooseGPUs(node Node, req Task, target *Workload) []int
-//	frag.KilnScore(node Node, req Task, target *Workload) float64
-//	frag.KilnGPUs(node Node, req Task, target *Workload) []int
+//	k.Score(node Node, cpuCapacity int64, req Task) float64  // kiln's policy, k := frag.NewKiln(...)
+//	k.GPUs(node Node, req Task) []int
 //
-// and builds the target workload once from the requests it has seen with
-// TargetWorkload (or NewWorkload for explicit shapes). A Memo makes repeated
-// scoring of the same node states cheap.
+// It builds the target workload once from the requests it has seen with
+// TargetWorkload (or NewWorkload for explicit shapes), and kiln's policy
+// with NewKiln(target, ModelPressure(requests, capacityByModel)). A Memo
+// makes repeated scoring of the same node states a map look-up
+// (Memo.FGD, Kiln.ScoreMemo).
 package frag
