@@ -228,6 +228,15 @@ func (s *Server) fairKey(ps *projState, now time.Time) float64 {
 	return (ps.held + ps.recent/s.cfg.FairShareWindow.Seconds()) / w
 }
 
+// keyWith is the project's key if it held need more GPUs.
+func (s *Server) keyWith(ps *projState, need float64, now time.Time) float64 {
+	w := ps.p.Weight
+	if w <= 0 {
+		w = 1
+	}
+	return s.fairKey(ps, now) + need/w
+}
+
 func (s *Server) decay(ps *projState, now time.Time) {
 	dt := now.Sub(ps.recentAt).Seconds()
 	if dt <= 0 {
@@ -243,11 +252,6 @@ func (s *Server) decay(ps *projState, now time.Time) {
 // if they end before it starts (backfill); a lease that outranks
 // preemptible ones may have them stopped.
 func (s *Server) schedule(now time.Time, b *batch) {
-	if s.head != "" {
-		if h := s.leases[s.head]; h == nil || h.l.State != api.LeaseQueued {
-			s.clearReservation()
-		}
-	}
 	queues := map[string][]*leaseState{}
 	for _, ls := range s.leases {
 		if ls.l.State == api.LeaseQueued {
@@ -266,11 +270,13 @@ func (s *Server) schedule(now time.Time, b *batch) {
 			return q[i].seq < q[j].seq
 		})
 	}
-	if s.head != "" {
-		s.reserve(s.leases[s.head], now)
-	}
+	s.reserveHeads(now)
 	next := map[string]int{}
 	var order []string
+	// guard is the fair-share key that the most deprived blocked project
+	// would reach with its blocked lease; others may take GPUs beside it
+	// (backfill) only while they stay below that.
+	guard := math.Inf(1)
 	for {
 		var pick string
 		best := math.Inf(1)
@@ -301,16 +307,24 @@ func (s *Server) schedule(now time.Time, b *batch) {
 			order = append(order, ls.l.ID)
 			continue
 		}
+		if after := s.keyWith(ps, ls.need, now); after > guard+1e-9 {
+			ls.l.Reason = "waiting: its project is above its fair share while a project below it waits"
+			order = append(order, ls.l.ID)
+			continue
+		}
 		pl, err := s.cfg.Placer.Place(ls.req, s.viewsFor(ls, now))
 		if err == nil {
 			s.grant(ls, pl, now, b)
 			continue
 		}
+		if g := s.keyWith(ps, ls.need, now); g < guard {
+			guard = g
+		}
 		ls.l.Reason = "waiting: " + err.Error()
 		order = append(order, ls.l.ID)
-		if s.head == "" {
-			s.head = ls.l.ID
-			s.reserve(ls, now)
+		if len(s.heads) == 0 {
+			s.heads = append(s.heads, ls.l.ID)
+			s.reserveHeads(now)
 		}
 		s.tryPreempt(ls, now, b)
 	}
@@ -349,15 +363,24 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-func (s *Server) clearReservation() {
-	for _, n := range s.nodes {
-		for _, u := range n.units {
-			if u.reservedFor != "" {
-				u.reservedFor, u.reservedTil = "", time.Time{}
-			}
+// hasHead reports whether a project already has a lease holding a
+// reservation.
+func (s *Server) hasHead(project string) bool {
+	for _, id := range s.heads {
+		if ls := s.leases[id]; ls != nil && ls.l.Project == project {
+			return true
 		}
 	}
-	s.head = ""
+	return false
+}
+
+func (s *Server) dropHead(id string) {
+	for i, h := range s.heads {
+		if h == id {
+			s.heads = append(s.heads[:i:i], s.heads[i+1:]...)
+			return
+		}
+	}
 }
 
 // freeAt is when a unit will be free if every lease on it runs to its
@@ -444,9 +467,14 @@ func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]tim
 	return time.Time{}, Placement{}, false
 }
 
-// reserve holds, for the head of the queue, the devices it will get at
-// its estimated start.
-func (s *Server) reserve(ls *leaseState, now time.Time) {
+// reserveHeads gives the head -- the first lease in grant order that did
+// not fit, kept until it is granted -- the devices it will get at its
+// estimated start. Other leases may use reserved devices only when they
+// end before the reservation starts (backfill), so a large lease is never
+// starved by a stream of small ones. (Several heads would plan around one
+// another; one keeps the GPUs busy when leases end long before their
+// limits, as they usually do.)
+func (s *Server) reserveHeads(now time.Time) {
 	for _, n := range s.nodes {
 		for _, u := range n.units {
 			if u.reservedFor != "" {
@@ -455,22 +483,35 @@ func (s *Server) reserve(ls *leaseState, now time.Time) {
 			}
 		}
 	}
-	if ls == nil {
-		return
-	}
-	t, pl, ok := s.earliest(ls, now, nil)
-	if !ok {
-		return
-	}
-	for _, a := range pl.Allocations {
-		n := s.nodes[a.Node]
-		for _, g := range a.Devices {
-			if u := n.byID[g.ID]; u != nil {
-				u.reservedFor, u.reservedTil = ls.l.ID, t
+	busy := map[*unitState]time.Time{}
+	var keep []string
+	for _, id := range s.heads {
+		ls := s.leases[id]
+		if ls == nil || ls.l.State != api.LeaseQueued {
+			continue
+		}
+		keep = append(keep, id)
+		t, pl, ok := s.earliest(ls, now, busy)
+		if !ok {
+			continue
+		}
+		end := t.Add(s.timeLimit(ls.l.Request))
+		for _, a := range pl.Allocations {
+			n := s.nodes[a.Node]
+			for _, g := range a.Devices {
+				if u := n.byID[g.ID]; u != nil {
+					if u.reservedFor == "" {
+						u.reservedFor, u.reservedTil = id, t
+						n.dirty = true
+					}
+					busy[u] = end
+				}
 			}
 		}
+		tt := t
+		ls.l.EstimatedStart = &tt
 	}
-	ls.l.EstimatedStart = &t
+	s.heads = keep
 }
 
 // tryPreempt stops preemptible leases of lower priority when that lets ls
@@ -489,6 +530,7 @@ func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
 	if len(victims) == 0 {
 		return
 	}
+	ends := now.Add(s.timeLimit(ls.l.Request))
 	var views []*NodeView
 	for _, n := range s.nodeList() {
 		if n.rec.Node.State != api.NodeReady {
@@ -496,6 +538,10 @@ func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
 		}
 		views = append(views, s.buildView(n, func(u *unitState, d *DeviceView) {
 			if u.claimedBy != "" && u.claimedBy != ls.l.ID {
+				d.Usable = false
+				return
+			}
+			if u.reservedFor != "" && u.reservedFor != ls.l.ID && ends.After(u.reservedTil) {
 				d.Usable = false
 				return
 			}
@@ -523,17 +569,25 @@ func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
 	for _, a := range pl.Allocations {
 		n := s.nodes[a.Node]
 		for _, g := range a.Devices {
-			u := n.byID[g.ID]
-			if u == nil {
-				continue
-			}
-			u.claimedBy = ls.l.ID
-			n.dirty = true
-			ls.claims = append(ls.claims, unitRef{a.Node, g.ID})
-			for id := range u.holders {
-				if victims[id] && !stopped[id] {
-					stopped[id] = true
+			if u := n.byID[g.ID]; u != nil {
+				for id := range u.holders {
+					if victims[id] {
+						stopped[id] = true
+					}
 				}
+			}
+		}
+	}
+	if len(stopped) == 0 {
+		return // it fits without stopping anyone once the queue ahead moves
+	}
+	for _, a := range pl.Allocations {
+		n := s.nodes[a.Node]
+		for _, g := range a.Devices {
+			if u := n.byID[g.ID]; u != nil {
+				u.claimedBy = ls.l.ID
+				n.dirty = true
+				ls.claims = append(ls.claims, unitRef{a.Node, g.ID})
 			}
 		}
 	}
@@ -560,9 +614,7 @@ func (s *Server) releaseClaims(ls *leaseState) {
 		}
 	}
 	ls.claims = nil
-	if s.head == ls.l.ID {
-		s.clearReservation()
-	}
+	s.dropHead(ls.l.ID)
 }
 
 // grant gives ls its placement and hands its jobs to the agents.

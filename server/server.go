@@ -116,7 +116,7 @@ type Server struct {
 	empty     []*NodeView            // every node as if idle, for refusals
 	jobs      map[string]*jobState   // live jobs
 	seq       int64
-	head      string   // the lease holding the backfill reservation
+	heads     []string // leases holding backfill reservations, one per project at most
 	order     []string // queued leases in grant order, from the last pass
 	est       map[string]time.Time
 	estAt     time.Time
