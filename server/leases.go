@@ -73,6 +73,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		b.job(j)
 	}
 	s.leases[l.ID] = ls
+	b.lease(l)
 	b.event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
 	if reason := s.refusal(ls, allowed); reason != "" {
 		s.finishLease(ls, api.LeaseRefused, reason, now, b)
