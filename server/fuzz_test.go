@@ -1,0 +1,93 @@
+package server
+
+import (
+	"encoding/json"
+	"testing"
+
+	"kiln.dev/kiln/server/api"
+)
+
+// The request decoders never panic; what they accept is valid.
+func FuzzParseLeaseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"project":"vision","gpus":2,"constraints":{"same_nvlink_island":true,"min_cuda":"12.2"},"time_limit_s":3600,"priority":5,"job":{"command":["python","train.py"],"env":{"SEED":"1"}}}`,
+		`{"project":"speech","fraction":0.25,"memory_bytes":21474836480,"preemptible":true}`,
+		`{"mig":"1g.10gb"}`,
+		`{"gpus":16,"constraints":{"gang":true}}`,
+		`{"gpus":-1}`, `{"fraction":1.5}`, `{"gpus":1,"fraction":0.5}`, `{}`, `[]`, `null`, `{"gpus":1}{"gpus":2}`,
+		`{"gpus":1,"unknown":true}`, `{"gpus":1,"job":{"command":[""]}}`, `{"gpus":1,"job":{"env":{"A=B":"c"},"command":["x"]}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := parseLeaseRequest(b)
+		if err != nil {
+			return
+		}
+		kinds := 0
+		if r.GPUs > 0 {
+			kinds++
+		}
+		if r.Fraction > 0 && r.Fraction < 1 {
+			kinds++
+		}
+		if r.MIG != "" {
+			kinds++
+		}
+		if kinds != 1 || r.GPUs < 0 || r.Priority < -1000 || r.Priority > 1000 || r.TimeLimitSeconds < 0 {
+			t.Fatalf("accepted an invalid request: %+v", r)
+		}
+		if needOf(r) <= 0 {
+			t.Fatalf("accepted request needs %v GPUs: %+v", needOf(r), r)
+		}
+		req := requestOf(r)
+		if r.Fraction > 0 && (req.MilliGPU < 1 || req.MilliGPU > 999) {
+			t.Fatalf("fraction %v became %d‰", r.Fraction, req.MilliGPU)
+		}
+		if r.Job != nil && len(r.Job.Command) == 0 && r.Job.Image == "" {
+			t.Fatalf("accepted an empty job")
+		}
+	})
+}
+
+func FuzzParseAgentMessages(f *testing.F) {
+	snap, _ := json.Marshal(api.RegisterRequest{Running: []string{"j-1"}})
+	for _, s := range []string{
+		`{"running":["j-1","j-2"],"wait_ms":2000}`, `{"running":null}`, `{"wait_ms":-5}`,
+		`{"code":0,"reason":"exited"}`, `{"code":137,"signal":"killed","reason":"preempted by lease l-2"}`,
+		`{"token":"kjoin_ab_cd","node":"hgx-1","csr_pem":"x"}`, `{"node":"Bad Name"}`,
+		`{"snapshot":{"schema_version":1,"gpus":[{"index":0,"vendor":"nvidia","mig":{"enabled":true,"instances":[{"gi":1,"ci":0}]}}]}}`,
+		string(snap), `{"devices":["gpu0"],"reason":"fan","undrain":false}`,
+		`{"name":"vision","weight":3,"max_gpus":8}`, `{"user":"ana","role":"member","projects":["vision"]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if h, err := parseHeartbeat(b); err == nil && (h.WaitMS < 0 || len(h.Running) > 100000) {
+			t.Fatalf("heartbeat %+v accepted", h)
+		}
+		if e, err := parseExit(b); err == nil && len(e.Reason) > 4096 {
+			t.Fatal("long exit reason accepted")
+		}
+		if j, err := parseJoin(b); err == nil && (!nameRE.MatchString(j.Node) || j.Token == "") {
+			t.Fatalf("join %+v accepted", j)
+		}
+		if r, err := parseRegister(b); err == nil {
+			if r.Snapshot == nil {
+				t.Fatal("register without a snapshot accepted")
+			}
+			for _, d := range devicesOf(r.Snapshot, nil) {
+				if d.ID == "" {
+					t.Fatal("device without an id")
+				}
+			}
+		}
+		if p, err := parseProject(b); err == nil && (!nameRE.MatchString(p.Name) || p.Weight < 0 || p.MaxGPUs < 0) {
+			t.Fatalf("project %+v accepted", p)
+		}
+		if r, err := parseTokenRequest(b); err == nil && r.Role != "" && r.Role != api.RoleAdmin && r.Role != api.RoleMember {
+			t.Fatalf("role %q accepted", r.Role)
+		}
+		_, _ = parseDrain(b)
+	})
+}
