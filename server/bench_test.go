@@ -1,0 +1,132 @@
+package server_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"kiln.dev/kiln/server"
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/snapshot"
+)
+
+// BenchmarkLeaseGrantRelease measures lease request -> grant -> release
+// over TLS on loopback while 1,000 simulated agents (8 GPUs each)
+// heartbeat every second. Run with:
+//
+//	go test -run '^$' -bench LeaseGrantRelease -cpu 2 -benchtime 20000x ./server
+//
+// It reports grants/s and the p99 latency of one request.
+func BenchmarkLeaseGrantRelease(b *testing.B) {
+	const agents = 1000
+	c := newCluster(b, server.Config{HeartbeatTimeout: 30 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	snap := func(i int) *snapshot.Snapshot {
+		s := &snapshot.Snapshot{SchemaVersion: snapshot.SchemaVersion, Host: snapshot.Host{Hostname: fmt.Sprintf("sim-%04d", i)}}
+		for g := 0; g < 8; g++ {
+			s.GPUs = append(s.GPUs, snapshot.GPU{Index: g, Vendor: "nvidia", Model: "H100-SXM5-80GB", ComputeCapability: "9.0",
+				MemoryTotalBytes: 80 << 30, PCIAddress: fmt.Sprintf("0000:%02x:00.0", 0x10+g), UUID: fmt.Sprintf("GPU-%04d-%d", i, g)})
+		}
+		return s
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	var wg sync.WaitGroup
+	var beats atomic.Int64
+	for i := 0; i < agents; i++ {
+		node := fmt.Sprintf("sim-%04d", i)
+		csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: node}}, key)
+		var jr api.JoinResponse
+		req := api.JoinRequest{Token: c.srv.Bootstrap.JoinToken, Node: node, CSRPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}))}
+		if err := c.admin.Do(ctx, "POST", "/v1/join", req, &jr); err != nil {
+			b.Fatal(err)
+		}
+		cert, err := tls.X509KeyPair([]byte(jr.CertPEM), keyPEM)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cl, _ := api.NewClient(c.url, "", c.srv.CAPEM(), &cert)
+		if err := cl.Do(ctx, "PUT", "/v1/agent/nodes/"+node, api.RegisterRequest{Snapshot: snap(i), Recorded: true}, nil); err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func(cl *api.Client, node string, phase time.Duration) {
+			defer wg.Done()
+			time.Sleep(phase)
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				if err := cl.Do(ctx, "POST", "/v1/agent/nodes/"+node+"/heartbeat", api.Heartbeat{Running: []string{}}, nil); err == nil {
+					beats.Add(1)
+				}
+			}
+		}(cl, node, time.Duration(i)*time.Millisecond)
+	}
+	const clients = 32
+	var lat []time.Duration
+	var mu sync.Mutex
+	var next atomic.Int64
+	b.ResetTimer()
+	start := time.Now()
+	var cw sync.WaitGroup
+	for w := 0; w < clients; w++ {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			var mine []time.Duration
+			for next.Add(1) <= int64(b.N) {
+				t0 := time.Now()
+				var l api.Lease
+				if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 1}, &l); err != nil {
+					b.Error(err)
+					return
+				}
+				t1 := time.Now()
+				if l.State != api.LeaseGranted {
+					b.Errorf("lease %s %s: %s", l.ID, l.State, l.Reason)
+					return
+				}
+				resp, err := c.admin.Raw(ctx, http.MethodDelete, "/v1/leases/"+l.ID, nil)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				resp.Body.Close()
+				mine = append(mine, t1.Sub(t0), time.Since(t1))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	cw.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cancel()
+	wg.Wait()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	if len(lat) > 0 {
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "grants/s")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+		b.ReportMetric(float64(beats.Load())/elapsed.Seconds(), "heartbeats/s")
+	}
+}
