@@ -30,7 +30,10 @@ import (
 //
 // It reports grants/s and the p99 latency of one request.
 func BenchmarkLeaseGrantRelease(b *testing.B) {
-	const agents = 1000
+	agents := 1000
+	if testing.Short() {
+		agents = 100
+	}
 	c := newCluster(b, server.Config{HeartbeatTimeout: 30 * time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

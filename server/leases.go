@@ -139,13 +139,15 @@ func (s *Server) refusal(ls *leaseState, allowed []string) string {
 	}
 	// Could it fit if every device were free (drained ones included: they
 	// come back)?
-	var views []*NodeView
-	for _, n := range s.nodeList() {
-		views = append(views, s.buildView(n, func(u *unitState, d *DeviceView) {
-			d.Usable, d.Whole, d.FreeMilli, d.FreeMemory = !u.dev.MIGMode, true, 1000, u.dev.MemoryBytes
-		}))
+	if s.empty == nil || len(s.empty) != len(s.nodes) {
+		s.empty = s.empty[:0]
+		for _, n := range s.nodeList() {
+			s.empty = append(s.empty, s.buildView(n, func(u *unitState, d *DeviceView) {
+				d.Usable, d.Whole, d.FreeMilli, d.FreeMemory = !u.dev.MIGMode, true, 1000, u.dev.MemoryBytes
+			}))
+		}
 	}
-	if _, err := s.cfg.Placer.Place(ls.req, views); err != nil {
+	if _, err := s.cfg.Placer.Place(ls.req, s.empty); err != nil {
 		return "no node could ever hold it: " + strings.TrimPrefix(err.Error(), "no node has ")
 	}
 	return ""
