@@ -250,4 +250,3 @@ func printUp(w io.Writer, url, data, cfgNote string, nodes []api.Node, demo bool
 	fmt.Fprintln(w, "  ./kiln ls --all")
 	fmt.Fprintln(w, "Ctrl-C stops the server and its agents.")
 }
-
