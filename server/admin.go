@@ -105,7 +105,7 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 			}
 			b.drains = append(b.drains, drainRow{id, u.dev.ID, store.DeviceState{Drained: u.dev.Drained, Reason: u.dev.DrainReason}})
 		}
-		n.dirty = true
+		s.redraw(n)
 		verb := "drained"
 		if req.Undrain {
 			verb = "undrained"
@@ -113,7 +113,7 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 		b.event("node."+verb, id, "", "%s %s %d devices: %s", c.user.Name, verb, len(units), reason)
 	}
 	s.schedule(now, b)
-	if err := s.flush(b); err != nil {
+	if err := s.flushWait(b); err != nil {
 		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
@@ -228,7 +228,10 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 	}
 	b := newBatch()
 	s.schedule(time.Now(), b)
-	_ = s.flush(b)
+	if err := s.flushWait(b); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
 	p.Members = members
 	writeJSON(w, http.StatusOK, p)
 }
@@ -345,7 +348,9 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.putUser(user)
+	s.amu.Lock()
 	s.tokens[id] = &tokenInfo{row}
+	s.amu.Unlock()
 	tok := api.Token{ID: id, User: user.Name, Name: req.Name, Secret: apiTokenPrefix + id + "_" + secret, Created: now}
 	if !row.Expires.IsZero() {
 		tok.Expires = &row.Expires
@@ -373,7 +378,9 @@ func (s *Server) deleteToken(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, err)
 		return
 	}
+	s.amu.Lock()
 	delete(s.tokens, id)
+	s.amu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]string{"deleted": id})
 }
 

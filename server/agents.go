@@ -40,29 +40,29 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, err)
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	n := s.nodes[req.Node]
-	if n != nil && n.rec.Node.State == api.NodeReady && now.Sub(n.lastSeen) < s.cfg.HeartbeatTimeout {
-		writeErr(w, http.StatusConflict, fmt.Errorf("node %s is joined and alive: a second agent may not take its name", req.Node))
-		return
-	}
-	b := newBatch()
-	if n == nil {
-		n = s.newNode(store.NodeRecord{Node: api.Node{ID: req.Node, State: NodeJoining, Joined: now.UTC()}}, nil)
-		s.nodes[req.Node] = n
-		s.nodeCache = nil
-	}
-	n.rec.CertSHA256 = fp
-	n.lastSeen = now
-	b.nodes[req.Node] = n
-	b.event("node.joined", req.Node, "", "node %s joined", req.Node)
-	if err := s.flush(b); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, api.JoinResponse{Node: req.Node, CertPEM: string(certPEM), CAPEM: string(s.ca.pem)})
+	s.answer(w, http.StatusOK, func() (any, uint64, error) {
+		now := time.Now()
+		n := s.nodes[req.Node]
+		if n != nil && n.rec.Node.State == api.NodeReady && now.Sub(n.lastSeen()) < s.cfg.HeartbeatTimeout {
+			return nil, 0, errStatus(http.StatusConflict, "node %s is joined and alive: a second agent may not take its name", req.Node)
+		}
+		b := newBatch()
+		if n == nil {
+			n = s.newNode(store.NodeRecord{Node: api.Node{ID: req.Node, State: NodeJoining, Joined: now.UTC()}}, nil)
+			s.nodes[req.Node] = n
+			s.nodeCache = nil
+		}
+		n.rec.CertSHA256 = fp
+		n.touch(now)
+		s.addAgent(n)
+		b.nodes[req.Node] = n
+		b.event("node.joined", req.Node, "", "node %s joined", req.Node)
+		seq, err := s.flush(b)
+		if err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+		}
+		return api.JoinResponse{Node: req.Node, CertPEM: string(certPEM), CAPEM: string(s.ca.pem)}, seq, nil
+	})
 }
 
 func (s *Server) register(w http.ResponseWriter, r *http.Request) {
@@ -77,32 +77,31 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, 0, badRequest(err))
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
-		return
-	}
-	now := time.Now()
-	n := s.nodes[node]
-	b := newBatch()
-	drains := s.applySnapshot(n, req, b)
-	n.lastSeen = now
-	wasLost := n.rec.Node.State != api.NodeReady
-	n.rec.Node.State = api.NodeReady
-	n.rec.Node.LastSeen = now.UTC()
-	b.nodes[node] = n
-	s.empty = nil
-	if wasLost {
-		b.event("node.ready", node, "", "node %s registered with %d GPUs%s", node, len(req.Snapshot.GPUs), drains)
-	}
-	s.reconcile(n, req.Running, now, b)
-	s.schedule(now, b)
-	if err := s.flush(b); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.nodeAPI(n))
+	s.answer(w, http.StatusOK, func() (any, uint64, error) {
+		if s.broken != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		}
+		now := time.Now()
+		n := s.nodes[node]
+		b := newBatch()
+		drains := s.applySnapshot(n, req, b)
+		n.touch(now)
+		wasLost := n.rec.Node.State != api.NodeReady
+		n.rec.Node.State = api.NodeReady
+		n.rec.Node.LastSeen = now.UTC()
+		b.nodes[node] = n
+		s.empty = nil
+		if wasLost {
+			b.event("node.ready", node, "", "node %s registered with %d GPUs%s", node, len(req.Snapshot.GPUs), drains)
+		}
+		s.reconcile(n, req.Running, now, b)
+		s.schedule(now, b)
+		seq, err := s.flush(b)
+		if err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+		}
+		return s.nodeAPI(n), seq, nil
+	})
 }
 
 // applySnapshot rebuilds a node's devices from its new snapshot, keeping
@@ -159,7 +158,8 @@ func (s *Server) applySnapshot(n *nodeState, req api.RegisterRequest, b *batch) 
 			fresh.byID[id] = u
 		}
 	}
-	n.units, n.byID, n.dirty = fresh.units, fresh.byID, true
+	n.units, n.byID = fresh.units, fresh.byID
+	s.redraw(n)
 	n.rec.Snapshot = req.Snapshot
 	nd := &n.rec.Node
 	nd.Hostname = req.Snapshot.Host.Hostname
@@ -371,15 +371,32 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, 0, badRequest(err))
 		return
 	}
+	wait := min(time.Duration(hb.WaitMS)*time.Millisecond, s.cfg.HeartbeatTimeout/3)
+	s.amu.RLock()
+	n := s.agents[node]
+	s.amu.RUnlock()
+	if n != nil && len(hb.Running) == 0 && n.idle.Load() {
+		// The agent runs nothing and the server has nothing for it: no
+		// lock, no store, until something comes up for the node.
+		n.touch(time.Now())
+		if wait > 0 && !waitWake(r, n, wait) {
+			return
+		}
+		if n.idle.Load() {
+			writeJSON(w, http.StatusOK, api.HeartbeatReply{})
+			return
+		}
+		wait = 0
+	}
 	s.mu.Lock()
 	if s.broken != nil {
 		s.mu.Unlock()
 		writeErr(w, http.StatusServiceUnavailable, s.broken)
 		return
 	}
-	n := s.nodes[node]
+	n = s.nodes[node]
 	now := time.Now()
-	n.lastSeen = now
+	n.touch(now)
 	if n.rec.Node.State != api.NodeReady {
 		s.mu.Unlock()
 		writeJSON(w, http.StatusOK, api.HeartbeatReply{Register: true})
@@ -390,7 +407,8 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	if !b.empty() {
 		s.schedule(now, b)
 	}
-	if err := s.flush(b); err != nil {
+	seq, err := s.flush(b)
+	if err != nil {
 		s.mu.Unlock()
 		writeErr(w, http.StatusServiceUnavailable, err)
 		return
@@ -400,22 +418,49 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		run[id] = true
 	}
 	reply := s.orders(n, run)
+	n.idle.Store(len(n.tasks) == 0 && len(n.stops) == 0 && !s.holdsOn(node))
 	s.mu.Unlock()
-	wait := min(time.Duration(hb.WaitMS)*time.Millisecond, s.cfg.HeartbeatTimeout/3)
 	if len(reply.Start) == 0 && len(reply.Stop) == 0 && wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-n.wake:
-		case <-t.C:
-		case <-r.Context().Done():
+		if !waitWake(r, n, wait) {
+			return
 		}
-		t.Stop()
 		s.mu.Lock()
-		n.lastSeen = time.Now()
+		n.touch(time.Now())
 		reply = s.orders(n, run)
+		seq = s.wseq
 		s.mu.Unlock()
 	}
+	// Orders go out only once what they come from is durable: an agent
+	// never runs a job a restarted server would not know.
+	if err := s.durable(seq); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, reply)
+}
+
+// waitWake waits up to d for something for the node; false when the
+// caller went away.
+func waitWake(r *http.Request, n *nodeState, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-n.wake:
+	case <-t.C:
+	case <-r.Context().Done():
+		return false
+	}
+	return true
+}
+
+// holdsOn reports whether a lost lease still holds devices of the node.
+func (s *Server) holdsOn(node string) bool {
+	for _, ls := range s.holding {
+		if ls.heldNodes[node] {
+			return true
+		}
+	}
+	return false
 }
 
 // orders are the tasks to start (assigned, not yet running on the agent)
@@ -458,32 +503,30 @@ func (s *Server) jobExit(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, 0, badRequest(err))
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
-		return
-	}
-	js := s.jobs[id]
-	if js == nil || js.task(node) == nil {
-		// Unknown here, or already over: nothing to change.
-		delete(s.nodes[node].stops, id)
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ignored"})
-		return
-	}
-	now := time.Now()
-	b := newBatch()
-	state := api.JobExited
-	if e.Reason == "failed to start" {
-		state = api.JobFailed
-	}
-	s.taskEnded(js, node, e, state, now, b)
-	s.schedule(now, b)
-	if err := s.flush(b); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "recorded"})
+	s.answer(w, http.StatusOK, func() (any, uint64, error) {
+		if s.broken != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		}
+		js := s.jobs[id]
+		if js == nil || js.task(node) == nil {
+			// Unknown here, or already over: nothing to change.
+			delete(s.nodes[node].stops, id)
+			return map[string]string{"status": "ignored"}, s.wseq, nil
+		}
+		now := time.Now()
+		b := newBatch()
+		state := api.JobExited
+		if e.Reason == "failed to start" {
+			state = api.JobFailed
+		}
+		s.taskEnded(js, node, e, state, now, b)
+		s.schedule(now, b)
+		seq, err := s.flush(b)
+		if err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+		}
+		return map[string]string{"status": "recorded"}, seq, nil
+	})
 }
 
 func (s *Server) jobLogChunk(w http.ResponseWriter, r *http.Request) {
@@ -553,7 +596,7 @@ func (s *Server) tick(now time.Time) {
 	}
 	b := newBatch()
 	for _, n := range s.nodeList() {
-		if n.rec.Node.State == api.NodeReady && now.Sub(n.lastSeen) > s.cfg.HeartbeatTimeout {
+		if n.rec.Node.State == api.NodeReady && now.Sub(n.lastSeen()) > s.cfg.HeartbeatTimeout {
 			s.nodeLost(n, now, b)
 		}
 	}
@@ -563,7 +606,7 @@ func (s *Server) tick(now time.Time) {
 		}
 	}
 	s.schedule(now, b)
-	_ = s.flush(b)
+	_, _ = s.flush(b)
 }
 
 // nodeLost marks a silent node lost: its leases are lost and keep holding
@@ -571,7 +614,8 @@ func (s *Server) tick(now time.Time) {
 func (s *Server) nodeLost(n *nodeState, now time.Time, b *batch) {
 	node := n.rec.Node.ID
 	n.rec.Node.State = api.NodeLost
-	n.dirty = true
+	n.idle.Store(false)
+	s.redraw(n)
 	b.nodes[node] = n
 	b.event("node.lost", node, "", "node %s sent no heartbeat for %s", node, s.cfg.HeartbeatTimeout)
 	for _, ls := range s.leases {
@@ -646,7 +690,7 @@ func (s *Server) markLost(ls *leaseState, node string, now time.Time, b *batch) 
 
 func (s *Server) nodeAPI(n *nodeState) api.Node {
 	nd := n.rec.Node
-	nd.LastSeen = n.lastSeen.UTC()
+	nd.LastSeen = n.lastSeen().UTC()
 	nd.Devices = make([]api.Device, 0, len(n.units))
 	nd.Total, nd.Free = 0, 0
 	for _, u := range n.units {

@@ -96,8 +96,8 @@ func (s *Server) authenticate(r *http.Request) *caller {
 		if !ok {
 			return nil
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
+		s.amu.RLock()
+		defer s.amu.RUnlock()
 		t := s.tokens[id]
 		if t == nil || !hashMatches(secret, t.Hash) {
 			return nil
@@ -115,11 +115,11 @@ func (s *Server) authenticate(r *http.Request) *caller {
 		cert := r.TLS.PeerCertificates[0]
 		node := cert.Subject.CommonName
 		fp := api.Fingerprint(cert.Raw)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		n := s.nodes[node]
+		s.amu.RLock()
+		defer s.amu.RUnlock()
+		n := s.agents[node]
 		// Only the certificate the node last joined with is accepted.
-		if n == nil || n.rec.CertSHA256 != fp {
+		if n == nil || n.certFP != fp {
 			return nil
 		}
 		return &caller{node: node}
@@ -162,7 +162,9 @@ func (s *Server) bootstrap(ctx context.Context) error {
 		return fmt.Errorf("first start: %w", err)
 	}
 	s.putUser(admin)
+	s.amu.Lock()
 	s.tokens[tokID] = &tokenInfo{store.TokenRow{ID: tokID, UserID: admin.ID, Hash: hash, Created: now}}
+	s.amu.Unlock()
 	s.projects["default"] = &projState{p: def, recentAt: now, period: periodStart(now, def.PeriodSeconds)}
 	join := joinTokenPrefix + joinID + "_" + jsecret
 	s.Bootstrap = &Bootstrap{AdminToken: apiTokenPrefix + tokID + "_" + secret, JoinToken: join, JoinCommand: s.joinCommand(join)}

@@ -34,58 +34,54 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
-		return
-	}
-	if req.Project == "" {
-		ps := append([]string(nil), c.user.Projects...)
-		if len(ps) != 1 {
-			writeErr(w, http.StatusBadRequest, fmt.Errorf("give a project: you are in %s", listOr(ps, "no project")))
-			return
+	s.answer(w, http.StatusCreated, func() (any, uint64, error) {
+		if s.broken != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
 		}
-		req.Project = ps[0]
-	}
-	if _, ok := s.projects[req.Project]; !ok {
-		writeErr(w, http.StatusNotFound, fmt.Errorf("project %s does not exist", req.Project))
-		return
-	}
-	if !c.canSee(req.Project) {
-		writeErr(w, http.StatusForbidden, fmt.Errorf("you are not a member of project %s", req.Project))
-		return
-	}
-	now := time.Now()
-	l := &api.Lease{ID: newID("l-"), Project: req.Project, User: c.user.Name, State: api.LeaseQueued, Request: req, CreatedAt: now.UTC()}
-	ls := s.newLeaseState(l)
-	l.GPUs = ls.need
-	if allowed != nil {
-		ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
-	}
-	b := newBatch()
-	if req.Job != nil {
-		j := &api.Job{ID: newID("j-"), LeaseID: l.ID, Project: l.Project, State: api.JobPending, Spec: *req.Job, Created: now.UTC()}
-		js := &jobState{j: j, lease: ls}
-		ls.jobs = append(ls.jobs, js)
-		l.Jobs = append(l.Jobs, j.ID)
-		s.jobs[j.ID] = js
-		b.job(j)
-	}
-	s.leases[l.ID] = ls
-	b.lease(l)
-	b.event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
-	if reason := s.refusal(ls, allowed); reason != "" {
-		s.finishLease(ls, api.LeaseRefused, reason, now, b)
-	} else {
-		s.schedule(now, b)
-	}
-	if err := s.flush(b); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	s.decorate(l, now)
-	writeJSON(w, http.StatusCreated, l)
+		if req.Project == "" {
+			ps := append([]string(nil), c.user.Projects...)
+			if len(ps) != 1 {
+				return nil, 0, errStatus(http.StatusBadRequest, "give a project: you are in %s", listOr(ps, "no project"))
+			}
+			req.Project = ps[0]
+		}
+		if _, ok := s.projects[req.Project]; !ok {
+			return nil, 0, errStatus(http.StatusNotFound, "project %s does not exist", req.Project)
+		}
+		if !c.canSee(req.Project) {
+			return nil, 0, errStatus(http.StatusForbidden, "you are not a member of project %s", req.Project)
+		}
+		now := time.Now()
+		l := &api.Lease{ID: newID("l-"), Project: req.Project, User: c.user.Name, State: api.LeaseQueued, Request: req, CreatedAt: now.UTC()}
+		ls := s.newLeaseState(l)
+		l.GPUs = ls.need
+		if allowed != nil {
+			ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
+		}
+		b := newBatch()
+		if req.Job != nil {
+			j := &api.Job{ID: newID("j-"), LeaseID: l.ID, Project: l.Project, State: api.JobPending, Spec: *req.Job, Created: now.UTC()}
+			js := &jobState{j: j, lease: ls}
+			ls.jobs = append(ls.jobs, js)
+			l.Jobs = append(l.Jobs, j.ID)
+			s.jobs[j.ID] = js
+			b.job(j)
+		}
+		s.leases[l.ID] = ls
+		b.lease(l)
+		b.event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
+		if reason := s.refusal(ls, allowed); reason != "" {
+			s.finishLease(ls, api.LeaseRefused, reason, now, b)
+		} else {
+			s.schedule(now, b)
+		}
+		seq, err := s.flush(b)
+		if err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+		}
+		s.decorate(l, now)
+		return l, seq, nil
+	})
 }
 
 func intersect(a, b []string) []string {
@@ -226,9 +222,14 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
 		b, _ := json.Marshal(l)
 		key := fmt.Sprintf("%s/%d", l.State, l.QueuePosition)
 		ch := s.changed
+		seq := s.wseq
 		s.mu.Unlock()
 		left := time.Until(deadline)
 		if since == "" || key != since || left <= 0 {
+			if err := s.durable(seq); err != nil {
+				writeErr(w, http.StatusServiceUnavailable, err)
+				return
+			}
 			w.Header().Set("X-Kiln-Lease-Version", key)
 			writeRaw(w, http.StatusOK, b)
 			return
@@ -262,7 +263,12 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) {
 		s.decorate(l, now)
 		out = append(out, *l)
 	}
+	seq := s.wseq
 	s.mu.Unlock()
+	if err := s.durable(seq); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
 	if all || (state != "" && api.LeaseFinal(state)) {
 		f := store.LeaseFilter{Limit: 500}
 		if state != "" {
@@ -313,20 +319,19 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) {
 func (s *Server) cancelLease(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	id := r.PathValue("id")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
-		return
-	}
-	l, live, err := s.leaseByID(r, id)
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err)
-		return
-	}
-	now := time.Now()
-	b := newBatch()
-	if live {
+	s.answer(w, http.StatusOK, func() (any, uint64, error) {
+		if s.broken != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		}
+		l, live, err := s.leaseByID(r, id)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !live {
+			return l, 0, nil
+		}
+		now := time.Now()
+		b := newBatch()
 		ls := s.leases[id]
 		switch l.State {
 		case api.LeaseQueued:
@@ -335,17 +340,16 @@ func (s *Server) cancelLease(w http.ResponseWriter, r *http.Request) {
 			s.stopLease(ls, api.LeaseDone, "released by "+c.user.Name, s.cfg.PreemptGrace, now, b)
 		case api.LeaseLost:
 			if !c.admin() {
-				writeErr(w, http.StatusConflict, fmt.Errorf("lease %s is lost with its node; an admin clears it with 'kiln drain --clear-lost %s'", id, l.Allocations[0].Node))
-				return
+				return nil, 0, errStatus(http.StatusConflict, "lease %s is lost with its node; an admin clears it with 'kiln drain --clear-lost %s'", id, l.Allocations[0].Node)
 			}
 		}
 		s.schedule(now, b)
-		if err := s.flush(b); err != nil {
-			writeErr(w, http.StatusServiceUnavailable, err)
-			return
+		seq, err := s.flush(b)
+		if err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
-	}
-	writeJSON(w, http.StatusOK, l)
+		return l, seq, nil
+	})
 }
 
 func (s *Server) addJob(w http.ResponseWriter, r *http.Request) {
@@ -364,39 +368,36 @@ func (s *Server) addJob(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, 0, badRequest(err))
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
-		return
-	}
-	l, live, err := s.leaseByID(r, id)
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err)
-		return
-	}
-	if !live || (l.State != api.LeaseQueued && l.State != api.LeaseGranted) {
-		writeErr(w, http.StatusConflict, fmt.Errorf("lease %s is %s: jobs run only in a queued or granted lease", id, l.State))
-		return
-	}
-	ls := s.leases[id]
-	now := time.Now()
-	j := &api.Job{ID: newID("j-"), LeaseID: id, Project: l.Project, State: api.JobPending, Spec: spec, Created: now.UTC()}
-	js := &jobState{j: j, lease: ls}
-	ls.jobs = append(ls.jobs, js)
-	l.Jobs = append(l.Jobs, j.ID)
-	s.jobs[j.ID] = js
-	b := newBatch()
-	b.job(j)
-	b.lease(l)
-	if l.State == api.LeaseGranted {
-		s.assign(js, b)
-	}
-	if err := s.flush(b); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, j)
+	s.answer(w, http.StatusCreated, func() (any, uint64, error) {
+		if s.broken != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		}
+		l, live, err := s.leaseByID(r, id)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !live || (l.State != api.LeaseQueued && l.State != api.LeaseGranted) {
+			return nil, 0, errStatus(http.StatusConflict, "lease %s is %s: jobs run only in a queued or granted lease", id, l.State)
+		}
+		ls := s.leases[id]
+		now := time.Now()
+		j := &api.Job{ID: newID("j-"), LeaseID: id, Project: l.Project, State: api.JobPending, Spec: spec, Created: now.UTC()}
+		js := &jobState{j: j, lease: ls}
+		ls.jobs = append(ls.jobs, js)
+		l.Jobs = append(l.Jobs, j.ID)
+		s.jobs[j.ID] = js
+		b := newBatch()
+		b.job(j)
+		b.lease(l)
+		if l.State == api.LeaseGranted {
+			s.assign(js, b)
+		}
+		seq, err := s.flush(b)
+		if err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+		}
+		return j, seq, nil
+	})
 }
 
 // jobByID finds a job the caller may see.
@@ -427,7 +428,11 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		b, err = json.Marshal(j)
 	}
+	seq := s.wseq
 	s.mu.Unlock()
+	if err == nil {
+		err = s.durable(seq)
+	}
 	if err != nil {
 		writeErr(w, http.StatusInternalServerError, err)
 		return

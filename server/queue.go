@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"sort"
@@ -48,61 +47,89 @@ func (b *batch) empty() bool {
 	return len(b.leases) == 0 && len(b.jobs) == 0 && len(b.nodes) == 0 && len(b.drains) == 0 && len(b.usage) == 0 && len(b.events) == 0
 }
 
-// flush writes the batch. It is called with s.mu held: nothing is
-// answered before the change is in the store. A store that fails stops the
+// flush hands the batch to the store's writer and returns its sequence
+// number. It is called with s.mu held, so the store sees the changes in the
+// order they were made; the caller answers only once durable(seq) says they
+// are written, after it let go of the lock. A store that fails stops the
 // server from changing anything more.
-func (s *Server) flush(b *batch) error {
+func (s *Server) flush(b *batch) (uint64, error) {
 	if s.broken != nil {
-		return s.broken
+		return 0, s.broken
+	}
+	if err := s.cm.failed(); err != nil {
+		s.broken = err
+		return 0, err
 	}
 	if b.empty() {
-		return nil
+		// Nothing new, but the answer may show changes still being written.
+		return s.wseq, nil
 	}
-	err := s.st.Update(context.Background(), func(tx *store.Tx) error {
+	w := &store.Writes{}
+	err := func() error {
 		for _, n := range b.nodes {
-			if err := tx.PutNode(n.rec); err != nil {
+			if err := w.PutNode(n.rec); err != nil {
 				return err
 			}
 		}
 		for _, d := range b.drains {
-			if err := tx.PutDevice(d.node, d.unit, d.st); err != nil {
-				return err
-			}
+			w.PutDevice(d.node, d.unit, d.st)
 		}
 		for _, l := range b.leases {
-			if err := tx.PutLease(l); err != nil {
+			if err := w.PutLease(l); err != nil {
 				return err
 			}
 		}
 		for _, j := range b.jobs {
-			if err := tx.PutJob(j); err != nil {
+			if err := w.PutJob(j); err != nil {
 				return err
 			}
 		}
 		for _, u := range b.usage {
-			if err := tx.AddUsage(u.project, u.period, u.seconds); err != nil {
-				return err
-			}
+			w.AddUsage(u.project, u.period, u.seconds)
 		}
 		for _, e := range b.events {
-			if err := tx.AddEvent(e); err != nil {
-				return err
-			}
+			w.AddEvent(e)
 		}
 		return nil
-	})
+	}()
+	var seq uint64
+	if err == nil {
+		seq, err = s.cm.enqueue(w)
+	}
 	if err != nil {
 		s.broken = fmt.Errorf("the store failed, kiln server changes nothing more until restarted: %w", err)
 		s.log.Error("store write failed", "err", err)
-		return s.broken
+		return 0, s.broken
 	}
+	s.wseq = seq
 	s.notify()
-	return nil
+	return seq, nil
+}
+
+// durable waits until the changes up to seq are written.
+func (s *Server) durable(seq uint64) error {
+	if seq == 0 {
+		return nil
+	}
+	return s.cm.wait(seq)
+}
+
+// flushWait is flush and durable in one, for rare calls that may wait with
+// the lock held (the writer never takes it).
+func (s *Server) flushWait(b *batch) error {
+	seq, err := s.flush(b)
+	if err != nil {
+		return err
+	}
+	return s.durable(seq)
 }
 
 // views returns the placement view of every ready node, rebuilt where
 // something changed.
 func (s *Server) views() []*NodeView {
+	if !s.viewsStale && s.viewList != nil && len(s.nodeCache) == len(s.nodes) {
+		return s.viewList
+	}
 	out := make([]*NodeView, 0, len(s.nodes))
 	for _, n := range s.nodeList() {
 		if n.rec.Node.State != api.NodeReady {
@@ -114,7 +141,14 @@ func (s *Server) views() []*NodeView {
 		}
 		out = append(out, n.view)
 	}
+	s.viewList, s.viewsStale = out, false
 	return out
+}
+
+// redraw marks a node's view out of date.
+func (s *Server) redraw(n *nodeState) {
+	n.dirty = true
+	s.viewsStale = true
 }
 
 // nodeList is every node sorted by id; kept until a node joins.
@@ -175,18 +209,15 @@ func (s *Server) heldByLost(u *unitState) bool {
 // starts; devices claimed by a preempting lease only by that lease.
 func (s *Server) viewsFor(ls *leaseState, now time.Time) []*NodeView {
 	base := s.views()
+	special := s.specialNodes()
+	if len(special) == 0 {
+		return base
+	}
 	ends := now.Add(s.timeLimit(ls.l.Request))
 	var out []*NodeView
 	for i, v := range base {
 		n := s.nodes[v.ID]
-		special := false
-		for _, u := range n.units {
-			if u.reservedFor != "" || u.claimedBy != "" {
-				special = true
-				break
-			}
-		}
-		if !special {
+		if !special[v.ID] {
 			if out != nil {
 				out = append(out, v)
 			}
@@ -206,6 +237,24 @@ func (s *Server) viewsFor(ls *leaseState, now time.Time) []*NodeView {
 	}
 	if out == nil {
 		return base
+	}
+	return out
+}
+
+// specialNodes are the nodes with a device reserved for a waiting lease or
+// claimed by a preempting one; their views differ from lease to lease.
+func (s *Server) specialNodes() map[string]bool {
+	if len(s.reserved) == 0 && len(s.claiming) == 0 {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, r := range s.reserved {
+		out[r.node] = true
+	}
+	for _, ls := range s.claiming {
+		for _, r := range ls.claims {
+			out[r.node] = true
+		}
 	}
 	return out
 }
@@ -475,13 +524,17 @@ func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]tim
 // another; one keeps the GPUs busy when leases end long before their
 // limits, as they usually do.)
 func (s *Server) reserveHeads(now time.Time) {
-	for _, n := range s.nodes {
-		for _, u := range n.units {
-			if u.reservedFor != "" {
+	for _, r := range s.reserved {
+		if n := s.nodes[r.node]; n != nil {
+			if u := n.byID[r.unit]; u != nil && u.reservedFor != "" {
 				u.reservedFor, u.reservedTil = "", time.Time{}
-				n.dirty = true
+				s.redraw(n)
 			}
 		}
+	}
+	s.reserved = s.reserved[:0]
+	if len(s.heads) == 0 {
+		return
 	}
 	busy := map[*unitState]time.Time{}
 	var keep []string
@@ -502,7 +555,8 @@ func (s *Server) reserveHeads(now time.Time) {
 				if u := n.byID[g.ID]; u != nil {
 					if u.reservedFor == "" {
 						u.reservedFor, u.reservedTil = id, t
-						n.dirty = true
+						s.redraw(n)
+						s.reserved = append(s.reserved, unitRef{a.Node, g.ID})
 					}
 					busy[u] = end
 				}
@@ -586,8 +640,9 @@ func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
 		for _, g := range a.Devices {
 			if u := n.byID[g.ID]; u != nil {
 				u.claimedBy = ls.l.ID
-				n.dirty = true
+				s.redraw(n)
 				ls.claims = append(ls.claims, unitRef{a.Node, g.ID})
+				s.claiming[ls.l.ID] = ls
 			}
 		}
 	}
@@ -609,11 +664,12 @@ func (s *Server) releaseClaims(ls *leaseState) {
 		if n := s.nodes[c.node]; n != nil {
 			if u := n.byID[c.unit]; u != nil && u.claimedBy == ls.l.ID {
 				u.claimedBy = ""
-				n.dirty = true
+				s.redraw(n)
 			}
 		}
 	}
 	ls.claims = nil
+	delete(s.claiming, ls.l.ID)
 	s.dropHead(ls.l.ID)
 }
 
@@ -626,7 +682,7 @@ func (s *Server) grant(ls *leaseState, pl Placement, now time.Time, b *batch) {
 		for _, g := range a.Devices {
 			n.byID[g.ID].hold(l.ID, g.MilliGPU, g.MemoryBytes)
 		}
-		n.dirty = true
+		s.redraw(n)
 	}
 	ends := now.Add(s.timeLimit(l.Request))
 	t := now
@@ -775,7 +831,7 @@ func (s *Server) freeDevices(ls *leaseState, node string) {
 				u.free(ls.l.ID)
 			}
 		}
-		n.dirty = true
+		s.redraw(n)
 	}
 }
 

@@ -121,6 +121,42 @@ func errStatus(status int, format string, args ...any) error {
 	return &httpError{status, fmt.Errorf(format, args...)}
 }
 
+// withStatus gives err an HTTP status (kept when err already has one).
+func withStatus(status int, err error) error {
+	var he *httpError
+	if errors.As(err, &he) {
+		return err
+	}
+	return &httpError{status, err}
+}
+
+// answer runs fn with the server's lock held. fn returns the value to
+// answer, marshalled before the lock is let go, and the sequence number of
+// the changes it made (or whose effects it reports); the answer goes out
+// only once they are durable, so nothing acknowledged can be lost by a
+// crash, and nobody waits for the store while holding the lock. An error
+// from fn is answered with its status (500 when it has none).
+func (s *Server) answer(w http.ResponseWriter, status int, fn func() (any, uint64, error)) {
+	s.mu.Lock()
+	v, seq, err := fn()
+	var body []byte
+	if err == nil {
+		body, err = json.Marshal(v)
+	}
+	s.mu.Unlock()
+	if err == nil {
+		if derr := s.durable(seq); derr != nil {
+			err = withStatus(http.StatusServiceUnavailable, derr)
+		}
+	}
+
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeRaw(w, status, body)
+}
+
 func writeErr(w http.ResponseWriter, status int, err error) {
 	var he *httpError
 	if errors.As(err, &he) {

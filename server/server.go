@@ -3,8 +3,9 @@
 // nodes whose agents authenticate with certificates from the server's own
 // CA, and a queue that grants leases of whole GPUs, MIG instances or
 // fractions with priorities, weighted fair share between projects,
-// backfill, preemption and expiry. Working state lives in memory; every
-// change is written through the store before the server answers.
+// backfill, preemption and expiry. Working state lives in memory; the
+// changes of concurrent requests are written to the store together (group
+// commit) and a request is answered only once its changes are durable.
 package server
 
 import (
@@ -21,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"kiln.dev/kiln/kb"
@@ -98,29 +100,42 @@ func (c *Config) defaults() {
 type Server struct {
 	cfg  Config
 	st   *store.Store
+	cm   *committer
 	ca   *authority
 	cert tls.Certificate
 	log  *slog.Logger
 	logs *logHub
 
-	mu        sync.Mutex
-	broken    error
+	mu     sync.Mutex
+	broken error
+	// amu guards users, byName, tokens, agents and each node's certFP:
+	// writers hold mu and amu, authentication only amu (read), so checking
+	// a caller never waits behind the queue.
+	amu       sync.RWMutex
 	users     map[string]*userInfo // by id
 	byName    map[string]*userInfo
 	tokens    map[string]*tokenInfo // by token id
+	agents    map[string]*nodeState // every node, by id
 	projects  map[string]*projState
 	nodes     map[string]*nodeState
 	nodeCache []*nodeState
-	leases    map[string]*leaseState // live leases and lost ones still holding devices
-	holding   map[string]*leaseState // lost leases still holding devices
-	empty     []*NodeView            // every node as if idle, for refusals
-	jobs      map[string]*jobState   // live jobs
-	seq       int64
-	heads     []string // leases holding backfill reservations, one per project at most
-	order     []string // queued leases in grant order, from the last pass
-	est       map[string]time.Time
-	estAt     time.Time
-	changed   chan struct{} // closed and replaced on every change (lease watchers)
+	// viewList is the views of the ready nodes, kept until a node changes
+	// (viewsStale); callers must not change it.
+	viewList   []*NodeView
+	viewsStale bool
+	leases     map[string]*leaseState // live leases and lost ones still holding devices
+	holding    map[string]*leaseState // lost leases still holding devices
+	empty      []*NodeView            // every node as if idle, for refusals
+	jobs       map[string]*jobState   // live jobs
+	seq        int64
+	wseq       uint64                 // sequence number of the last changes handed to cm
+	heads      []string               // leases holding backfill reservations, one per project at most
+	reserved   []unitRef              // devices reserved for heads
+	claiming   map[string]*leaseState // leases that claimed devices of preempted ones
+	order      []string               // queued leases in grant order, from the last pass
+	est        map[string]time.Time
+	estAt      time.Time
+	changed    chan struct{} // closed and replaced on every change (lease watchers)
 
 	stop   context.CancelFunc
 	loopWG sync.WaitGroup
@@ -167,15 +182,21 @@ type unitState struct {
 }
 
 type nodeState struct {
-	rec      store.NodeRecord
-	units    []*unitState
-	byID     map[string]*unitState
-	lastSeen time.Time
-	wake     chan struct{}
-	stops    map[string]api.StopOrder // job id -> order, resent until the task ends
-	tasks    map[string]*jobState     // live jobs with a task here
-	view     *NodeView
-	dirty    bool
+	rec   store.NodeRecord
+	units []*unitState
+	byID  map[string]*unitState
+	// seen is when the agent last called (unix nanoseconds); idle is true
+	// while the server has nothing for the node (no task, no stop order, no
+	// lost lease holding its devices), so a heartbeat that runs nothing
+	// needs no lock. poke clears it.
+	seen   atomic.Int64
+	idle   atomic.Bool
+	certFP string // guarded by Server.amu
+	wake   chan struct{}
+	stops  map[string]api.StopOrder // job id -> order, resent until the task ends
+	tasks  map[string]*jobState     // live jobs with a task here
+	view   *NodeView
+	dirty  bool
 }
 
 type leaseState struct {
@@ -229,11 +250,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger,
-		logs:    newLogHub(filepath.Join(cfg.DataDir, "logs")),
-		users:   map[string]*userInfo{},
-		byName:  map[string]*userInfo{},
-		tokens:  map[string]*tokenInfo{},
-		changed: make(chan struct{}),
+		logs:     newLogHub(filepath.Join(cfg.DataDir, "logs")),
+		agents:   map[string]*nodeState{},
+		users:    map[string]*userInfo{},
+		byName:   map[string]*userInfo{},
+		tokens:   map[string]*tokenInfo{},
+		changed:  make(chan struct{}),
+		claiming: map[string]*leaseState{},
 	}
 	if err := s.load(ctx); err != nil {
 		st.Close()
@@ -243,6 +266,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
+	s.cm = newCommitter(st)
 	lctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	s.loopWG.Add(1)
@@ -312,7 +336,12 @@ func (s *Server) Close() error {
 	s.loopWG.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.broken = errors.New("server closed")
+	if s.broken == nil {
+		s.broken = errors.New("server closed")
+	}
+	if s.cm != nil {
+		s.cm.close()
+	}
 	return s.st.Close()
 }
 
@@ -331,9 +360,11 @@ func (s *Server) load(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		s.amu.Lock()
 		for _, t := range toks {
 			s.tokens[t.ID] = &tokenInfo{t}
 		}
+		s.amu.Unlock()
 		projs, err := tx.Projects()
 		if err != nil {
 			return err
@@ -360,8 +391,9 @@ func (s *Server) load(ctx context.Context) error {
 			n := s.newNode(r, drains)
 			// A restarted server gives every node a full timeout to
 			// come back before calling it lost.
-			n.lastSeen = now
+			n.touch(now)
 			s.nodes[r.Node.ID] = n
+			s.addAgent(n)
 		}
 		s.leases = map[string]*leaseState{}
 		s.holding = map[string]*leaseState{}
@@ -395,7 +427,7 @@ func (s *Server) load(ctx context.Context) error {
 						u.hold(l.ID, g.MilliGPU, g.MemoryBytes)
 					}
 				}
-				n.dirty = true
+				s.redraw(n)
 			}
 			if l.State == api.LeaseGranted || l.State == api.LeaseStopping {
 				if ps := s.projects[l.Project]; ps != nil {
@@ -457,7 +489,10 @@ func periodStart(now time.Time, seconds int) time.Time {
 	return time.Unix(now.Unix()/p*p, 0).UTC()
 }
 
+// putUser adds or replaces a user; s.mu is held.
 func (s *Server) putUser(u api.User) {
+	s.amu.Lock()
+	defer s.amu.Unlock()
 	ui := &userInfo{User: u, projects: map[string]bool{}}
 	for _, p := range u.Projects {
 		ui.projects[p] = true
@@ -541,7 +576,24 @@ func (s *Server) notify() {
 	s.changed = make(chan struct{})
 }
 
+// addAgent makes a node known to authentication with its certificate;
+// s.mu is held.
+func (s *Server) addAgent(n *nodeState) {
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	s.agents[n.rec.Node.ID] = n
+	n.certFP = n.rec.CertSHA256
+}
+
+// touch records a call of the node's agent.
+func (n *nodeState) touch(t time.Time) { n.seen.Store(t.UnixNano()) }
+
+// lastSeen is when the node's agent last called.
+func (n *nodeState) lastSeen() time.Time { return time.Unix(0, n.seen.Load()) }
+
+// poke wakes the node's heartbeat: the server has something for it.
 func (n *nodeState) poke() {
+	n.idle.Store(false)
 	select {
 	case n.wake <- struct{}{}:
 	default:

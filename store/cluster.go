@@ -21,13 +21,11 @@ type NodeRecord struct {
 
 // PutNode writes a node.
 func (t *Tx) PutNode(r NodeRecord) error {
-	b, err := json.Marshal(r)
+	args, err := nodeArgs(r)
 	if err != nil {
 		return err
 	}
-	return t.exec(`INSERT INTO nodes(id,cert_sha256,state,data,updated_at) VALUES(?,?,?,?,?)
-ON CONFLICT(id) DO UPDATE SET cert_sha256=excluded.cert_sha256, state=excluded.state, data=excluded.data, updated_at=excluded.updated_at`,
-		r.Node.ID, r.CertSHA256, r.Node.State, string(b), timeText(time.Now()))
+	return t.exec(writeSQL[stmtPutNode], args...)
 }
 
 // SetNodeState changes only a node's state.
@@ -66,12 +64,7 @@ type DeviceState struct {
 
 // PutDevice writes a device's drain state.
 func (t *Tx) PutDevice(node, id string, st DeviceState) error {
-	d := 0
-	if st.Drained {
-		d = 1
-	}
-	return t.exec(`INSERT INTO devices(node,id,drained,drain_reason) VALUES(?,?,?,?)
-ON CONFLICT(node,id) DO UPDATE SET drained=excluded.drained, drain_reason=excluded.drain_reason`, node, id, d, st.Reason)
+	return t.exec(writeSQL[stmtPutDevice], deviceArgs(node, id, st)...)
 }
 
 // Devices reads the drain states of a node's devices.
@@ -95,14 +88,11 @@ func (t *Tx) Devices(node string) (map[string]DeviceState, error) {
 
 // PutLease writes a lease.
 func (t *Tx) PutLease(l *api.Lease) error {
-	cp := *l
-	cp.QueuePosition, cp.EstimatedStart = 0, nil // derived, not stored
-	b, err := json.Marshal(&cp)
+	args, err := leaseArgs(l)
 	if err != nil {
 		return err
 	}
-	return t.exec(`INSERT INTO leases(id,project,state,created_at,data) VALUES(?,?,?,?,?)
-ON CONFLICT(id) DO UPDATE SET state=excluded.state, data=excluded.data`, l.ID, l.Project, l.State, timeText(l.CreatedAt), string(b))
+	return t.exec(writeSQL[stmtPutLease], args...)
 }
 
 // Lease reads one lease.
@@ -174,12 +164,11 @@ func inClause(q string, args []any, col string, vals []string) (string, []any) {
 
 // PutJob writes a job.
 func (t *Tx) PutJob(j *api.Job) error {
-	b, err := json.Marshal(j)
+	args, err := jobArgs(j)
 	if err != nil {
 		return err
 	}
-	return t.exec(`INSERT INTO jobs(id,lease_id,state,data) VALUES(?,?,?,?)
-ON CONFLICT(id) DO UPDATE SET state=excluded.state, data=excluded.data`, j.ID, j.LeaseID, j.State, string(b))
+	return t.exec(writeSQL[stmtPutJob], args...)
 }
 
 // Job reads one job.
@@ -221,8 +210,7 @@ func (t *Tx) Jobs(states ...string) ([]*api.Job, error) {
 
 // AddUsage adds GPU-seconds to a project's usage in a period.
 func (t *Tx) AddUsage(project string, periodStart time.Time, gpuSeconds float64) error {
-	return t.exec(`INSERT INTO usage(project,period_start,gpu_seconds) VALUES(?,?,?)
-ON CONFLICT(project,period_start) DO UPDATE SET gpu_seconds=gpu_seconds+excluded.gpu_seconds`, project, timeText(periodStart), gpuSeconds)
+	return t.exec(writeSQL[stmtAddUsage], project, timeText(periodStart), gpuSeconds)
 }
 
 // Usage returns a project's GPU-seconds in a period.
@@ -237,10 +225,7 @@ func (t *Tx) Usage(project string, periodStart time.Time) (float64, error) {
 
 // AddEvent appends to the event log.
 func (t *Tx) AddEvent(e api.Event) error {
-	if e.At.IsZero() {
-		e.At = time.Now()
-	}
-	return t.exec(`INSERT INTO events(at,kind,subject,project,message) VALUES(?,?,?,?,?)`, timeText(e.At), e.Kind, e.Subject, e.Project, e.Message)
+	return t.exec(writeSQL[stmtAddEvent], eventArgs(e)...)
 }
 
 // Events reads the log after seq, oldest first; projects limits it (empty: all).

@@ -2,7 +2,8 @@
 // pure Go) in WAL mode, with numbered schema migrations. It keeps users,
 // projects, hashed API tokens, join tokens, nodes and their devices, leases,
 // jobs, per-project usage and an event log. The server keeps its working
-// state in memory and writes every change through a Tx before it answers.
+// state in memory, encodes its changes into Writes and has Apply write
+// those of many requests in one transaction before it answers them.
 package store
 
 import (
@@ -11,14 +12,22 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
-// Store is an open database.
+// Store is an open database: one connection writes, a few others read
+// (WAL lets readers go on while a write is under way).
 type Store struct {
-	db *sql.DB
+	db  *sql.DB // the writer
+	rdb *sql.DB // readers
+	// wmu serialises Apply and guards stmts, the prepared write statements.
+	wmu   sync.Mutex
+	stmts [stmtCount]*sql.Stmt
+	// stop ends the background checkpoints.
+	stop, stopped chan struct{}
 }
 
 // ErrNotFound is returned when a row does not exist.
@@ -28,19 +37,13 @@ var ErrNotFound = errors.New("not found")
 // schema up to date. Writes survive a crash of the process once a Tx has
 // returned (WAL, synchronous=NORMAL).
 func Open(ctx context.Context, path string) (*Store, error) {
-	q := url.Values{}
-	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(10000)", "foreign_keys(1)"} {
-		q.Add("_pragma", p)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	// The writer does not checkpoint the WAL itself: a checkpoint syncs
+	// the files and would stall the commit that happens to trigger it.
+	// checkpoints does it in the background instead.
+	db, err := openDB(path, 1, "wal_autocheckpoint(0)")
 	if err != nil {
-		return nil, fmt.Errorf("store %s: %w", path, err)
+		return nil, err
 	}
-	// One connection: the server serialises its writes anyway, and SQLite
-	// allows one writer.
-	db.SetMaxOpenConns(1)
-	db.SetConnMaxIdleTime(0)
-	db.SetConnMaxLifetime(0)
 	s := &Store{db: db}
 	var mode string
 	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
@@ -55,11 +58,75 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
+	if s.rdb, err = openDB(path, 4); err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.stop = make(chan struct{})
+	s.stopped = make(chan struct{})
+	go s.checkpoints()
 	return s, nil
 }
 
+// checkpoints copies the WAL into the database file every half second
+// (PASSIVE: it never blocks the writer or the readers).
+func (s *Store) checkpoints() {
+	defer close(s.stopped)
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		if _, err := s.rdb.Exec("PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
+			continue // busy or closing: the next tick tries again
+		}
+	}
+}
+
+// openDB opens a pool of at most conns connections. The writer has one:
+// SQLite allows one writer, and the server serialises its writes anyway.
+func openDB(path string, conns int, pragmas ...string) (*sql.DB, error) {
+	q := url.Values{}
+	for _, p := range append([]string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(10000)", "foreign_keys(1)"}, pragmas...) {
+		q.Add("_pragma", p)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	db.SetConnMaxIdleTime(0)
+	db.SetConnMaxLifetime(0)
+	return db, nil
+}
+
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	if s.stop != nil {
+		close(s.stop)
+		<-s.stopped
+		s.stop = nil
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	for _, st := range s.stmts {
+		if st != nil {
+			st.Close()
+		}
+	}
+	var rerr error
+	if s.rdb != nil {
+		rerr = s.rdb.Close()
+	}
+	if err := s.db.Close(); err != nil {
+		return err
+	}
+	return rerr
+}
 
 // Tx is one transaction.
 type Tx struct {
@@ -69,6 +136,8 @@ type Tx struct {
 
 // Update runs fn in a write transaction and commits it when fn returns nil.
 func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: begin: %w", err)
@@ -83,9 +152,10 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 	return nil
 }
 
-// View runs fn in a read transaction.
+// View runs fn in a read transaction; it sees every write that returned
+// before it began and does not wait for one under way.
 func (s *Store) View(ctx context.Context, fn func(*Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	tx, err := s.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return fmt.Errorf("store: begin: %w", err)
 	}
