@@ -67,8 +67,9 @@ type Scheduler struct {
 const DefaultMaxScored = 32
 
 // Default returns kiln's policy: constraint and resource filters, the
-// topology picker, and scores for link quality (weight 4), packing (2) and
-// keeping well-connected free sets whole (1).
+// topology picker, and scores for link quality (weight 4), packing (2),
+// keeping well-connected free sets whole (1) and, for fractional requests,
+// fragmentation (FragScore, FragScoreWeight) against DefaultFragTarget.
 func Default(seed uint64) *Scheduler {
 	return &Scheduler{
 		Name:          "kiln",
@@ -79,6 +80,7 @@ func Default(seed uint64) *Scheduler {
 			{TopologyScore{}, 4},
 			{PackScore{}, 2},
 			{KeepSetsScore{}, 1},
+			{FragScore{}, FragScoreWeight},
 		},
 		MaxScored: DefaultMaxScored,
 		Seed:      seed,
