@@ -11,8 +11,16 @@ import (
 	"kiln.dev/kiln/server/api"
 )
 
+// TestGrantRunRelease runs with the default placer (sched) and with
+// FirstFit, which stays available.
 func TestGrantRunRelease(t *testing.T) {
-	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second, PreemptGrace: 500 * time.Millisecond})
+	for name, pl := range map[string]server.Placer{"sched": nil, "first-fit": server.FirstFit{}} {
+		t.Run(name, func(t *testing.T) { grantRunRelease(t, pl) })
+	}
+}
+
+func grantRunRelease(t *testing.T, pl server.Placer) {
+	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second, PreemptGrace: 500 * time.Millisecond, Placer: pl})
 	m := machines(t)
 	c.addAgent("hgx", m["hgx"], nil, 300*time.Millisecond)
 	c.addAgent("mi300x", m["mi300x"], nil, 300*time.Millisecond)

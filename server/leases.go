@@ -137,16 +137,27 @@ func (s *Server) refusal(ls *leaseState, allowed []string) string {
 	// come back)?
 	if s.empty == nil || len(s.empty) != len(s.nodes) {
 		s.empty = s.empty[:0]
+		s.refusals = map[string]string{}
 		for _, n := range s.nodeList() {
 			s.empty = append(s.empty, s.buildView(n, func(u *unitState, d *DeviceView) {
 				d.Usable, d.Whole, d.FreeMilli, d.FreeMemory = !u.dev.MIGMode, true, 1000, u.dev.MemoryBytes
 			}))
 		}
 	}
-	if _, err := s.cfg.Placer.Place(ls.req, s.empty); err != nil {
-		return "no node could ever hold it: " + strings.TrimPrefix(err.Error(), "no node has ")
+	// The answer depends only on the request while the nodes stay: kept.
+	key := fmt.Sprintf("%d|%d|%d|%s|%+v", ls.req.GPUs, ls.req.MilliGPU, ls.req.MemoryBytes, ls.req.MIG, ls.req.Constraints)
+	if r, ok := s.refusals[key]; ok {
+		return r
 	}
-	return ""
+	reason := ""
+	if _, err := s.cfg.Placer.Place(ls.req, s.empty); err != nil {
+		reason = "no node could ever hold it: " + strings.TrimPrefix(err.Error(), "no node has ")
+	}
+	if len(s.refusals) >= 1024 {
+		s.refusals = map[string]string{}
+	}
+	s.refusals[key] = reason
+	return reason
 }
 
 // imageNodes asks the image checker which nodes run the image.

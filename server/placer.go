@@ -7,11 +7,13 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/snapshot"
 )
 
 // Placer chooses devices for a lease. The server keeps the queue, the
-// fairness and the bookkeeping; a Placer only answers "where, now". The
-// sched package's engine plugs in here; FirstFit is the built-in one.
+// fairness and the bookkeeping; a Placer only answers "where, now".
+// SchedPlacer (the sched package's engine) is the default; FirstFit is the
+// simple one.
 type Placer interface {
 	// Place picks devices for req among the free capacity the views show,
 	// or returns an error that says why nothing fits. It must not keep or
@@ -33,6 +35,9 @@ type Request struct {
 // NodeView is a node's free capacity as placement sees it.
 type NodeView struct {
 	ID string
+	// Snapshot is the node's last snapshot; placers may keep what they
+	// derive from it until the pointer changes. It must not be changed.
+	Snapshot *snapshot.Snapshot
 	// Driver is the NVIDIA driver version, CUDA the highest CUDA version it
 	// supports; AMDGPU the amdgpu driver version.
 	Driver  string

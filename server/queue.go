@@ -167,7 +167,7 @@ func (s *Server) nodeList() []*nodeState {
 
 // buildView makes a node's view; adjust, when set, may change each device.
 func (s *Server) buildView(n *nodeState, adjust func(u *unitState, d *DeviceView)) *NodeView {
-	v := &NodeView{ID: n.rec.Node.ID, Devices: make([]DeviceView, len(n.units))}
+	v := &NodeView{ID: n.rec.Node.ID, Snapshot: n.rec.Snapshot, Devices: make([]DeviceView, len(n.units))}
 	if sn := n.rec.Snapshot; sn != nil {
 		v.Driver = sn.Drivers.NVIDIAUser
 		if v.Driver == "" {

@@ -52,7 +52,8 @@ type Config struct {
 	// FairShareWindow is the half-life of past usage in the fair-share
 	// order (default 1h).
 	FairShareWindow time.Duration
-	// Placer picks devices; FirstFit when nil.
+	// Placer picks devices; a SchedPlacer when nil (FirstFit is the
+	// simple alternative).
 	Placer Placer
 	// Images says whether an image runs on a node; nil: not checked.
 	Images ImageChecker
@@ -85,14 +86,14 @@ func (c *Config) defaults() {
 	if c.FairShareWindow <= 0 {
 		c.FairShareWindow = time.Hour
 	}
-	if c.Placer == nil {
-		c.Placer = FirstFit{}
-	}
 	if c.KB == nil {
 		c.KB = kb.Default()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Placer == nil {
+		c.Placer = &SchedPlacer{KB: c.KB, Logger: c.Logger}
 	}
 }
 
@@ -126,6 +127,7 @@ type Server struct {
 	leases     map[string]*leaseState // live leases and lost ones still holding devices
 	holding    map[string]*leaseState // lost leases still holding devices
 	empty      []*NodeView            // every node as if idle, for refusals
+	refusals   map[string]string      // the refusal of each request shape while empty stays
 	jobs       map[string]*jobState   // live jobs
 	seq        int64
 	wseq       uint64                 // sequence number of the last changes handed to cm
