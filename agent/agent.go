@@ -17,11 +17,14 @@ import (
 	"log/slog"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	"kiln.dev/kiln/cdi"
 	"kiln.dev/kiln/doctor"
 	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server/api"
 	"kiln.dev/kiln/snapshot"
@@ -30,7 +33,22 @@ import (
 // Config sets up an agent.
 type Config struct {
 	Identity *Identity
+	// Executor runs jobs that name no image (the process executor).
 	Executor executor.Executor
+	// Containers runs jobs that name an image (the containerd executor);
+	// nil when the node cannot run containers, and NoContainers says why:
+	// the server then places no image job here, and one that comes anyway
+	// fails to start with that reason.
+	Containers   executor.Executor
+	NoContainers string
+	// CDIDir is where the agent writes the CDI spec of the node's GPUs for
+	// container runtimes (cdi.DynamicDir when empty), whenever the GPUs
+	// change; only with Containers and GPUs that are not recorded.
+	CDIDir string
+	// LeftoverGrace is how long a job that a previous run of the agent
+	// left running gets between SIGTERM and SIGKILL when the agent starts
+	// (default 5s).
+	LeftoverGrace time.Duration
 	// Discover returns the node's Snapshot (live discovery or a replayed
 	// recording).
 	Discover func(ctx context.Context) (*snapshot.Snapshot, error)
@@ -82,6 +100,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Rescan <= 0 {
 		cfg.Rescan = 5 * time.Minute
 	}
+	if cfg.LeftoverGrace <= 0 {
+		cfg.LeftoverGrace = 5 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -99,8 +120,16 @@ func (a *Agent) Node() string { return a.node }
 // Run registers and serves until ctx ends. Jobs keep running while the
 // server is unreachable; the agent retries and reconciles when it is back.
 // When ctx ends, running jobs are stopped.
+//
+// Before it registers, the agent stops the jobs a previous run of it left
+// running (it crashed or was killed), so that the server, which frees
+// their GPUs when the agent says they do not run, never grants GPUs that
+// an old job still uses.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stopAll()
+	if err := a.reap(ctx); err != nil {
+		return err
+	}
 	if err := a.discover(ctx); err != nil {
 		return err
 	}
@@ -162,6 +191,35 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
+// reap stops what the executors' previous runs left.
+func (a *Agent) reap(ctx context.Context) error {
+	var errs []error
+	for _, ex := range []executor.Executor{a.cfg.Executor, a.cfg.Containers} {
+		r, ok := ex.(executor.Reaper)
+		if !ok || ex == nil {
+			continue
+		}
+		left, err := r.Reap(ctx, a.cfg.LeftoverGrace)
+		for _, l := range left {
+			if l.Stopped {
+				a.log.Warn("stopped a job the agent's previous run left running", "job", l.Job, "lease", l.Lease, "executor", ex.Name())
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s executor: %w", ex.Name(), err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		// Jobs that could not be stopped may still hold GPUs: registering
+		// would let the server grant them again.
+		return fmt.Errorf("stopping the jobs of the agent's previous run: %w", err)
+	}
+	return nil
+}
+
 func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -197,10 +255,35 @@ func (a *Agent) rediscover(ctx context.Context) (bool, error) {
 	}
 	shape := shapeOf(s, finds)
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	changed := shape != a.shape
 	a.shape, a.snap, a.finds = shape, s, finds
+	a.mu.Unlock()
+	if changed {
+		a.writeCDI(s)
+	}
 	return changed, nil
+}
+
+// writeCDI writes the CDI spec of the node's GPUs, for the container
+// executor to inject them by name.
+func (a *Agent) writeCDI(s *snapshot.Snapshot) {
+	if a.cfg.Containers == nil || a.cfg.Recorded || len(s.GPUs) == 0 {
+		return
+	}
+	res, err := cdi.Generate(s, cdi.Options{})
+	if err != nil {
+		a.log.Warn("no CDI spec for the node's GPUs: container jobs get no GPU", "err", err)
+		return
+	}
+	for _, n := range res.Notes {
+		a.log.Info("CDI spec", "note", n)
+	}
+	p, err := cdi.Write(res.Spec, a.cfg.CDIDir)
+	if err != nil {
+		a.log.Warn("writing the CDI spec failed: container jobs get no GPU", "err", err)
+		return
+	}
+	a.log.Debug("CDI spec written", "path", p, "devices", len(res.Devices))
 }
 
 func shapeOf(s *snapshot.Snapshot, finds []api.Finding) [32]byte {
@@ -244,6 +327,14 @@ func (a *Agent) running() []string {
 func (a *Agent) register(ctx context.Context) error {
 	a.mu.Lock()
 	req := api.RegisterRequest{Snapshot: a.snap, Findings: a.finds, Recorded: a.cfg.Recorded, Executor: a.cfg.Executor.Name()}
+	if a.cfg.Containers != nil {
+		req.Containers = a.cfg.Containers.Name()
+	} else {
+		req.NoContainers = a.cfg.NoContainers
+		if req.NoContainers == "" {
+			req.NoContainers = "the agent runs no container executor"
+		}
+	}
 	a.mu.Unlock()
 	req.Running = a.running()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -282,19 +373,40 @@ func (a *Agent) start(ctx context.Context, as api.Assignment) {
 		ej.WorkDir = a.cfg.WorkDir
 	}
 	for _, d := range as.Devices {
-		ed := executor.Device{Vendor: d.Vendor, Index: d.Index, PCIAddress: d.PCIAddress, UUID: d.UUID, CDIName: "kiln.dev/gpu=" + d.ID}
+		ed := executor.Device{Vendor: d.Vendor, Index: d.Index, PCIAddress: d.PCIAddress, UUID: d.UUID, CDIName: cdiName(d)}
 		if d.Isolation != api.IsolationExclusive {
 			ed.Share = &executor.Share{MilliGPU: d.MilliGPU, MemoryBytes: d.MemoryBytes, Isolation: d.Isolation}
 		}
 		ej.Devices = append(ej.Devices, ed)
 	}
-	// The job outlives a server outage but not the agent.
-	h, err := a.cfg.Executor.Start(context.WithoutCancel(ctx), ej)
+	exe := a.cfg.Executor
+	var note string
+	if as.Spec.Image != "" {
+		exe = a.cfg.Containers
+		if a.cfg.Recorded {
+			// Recorded GPUs have no device nodes to inject: the job gets
+			// the environment that names them, as a process would.
+			for k, v := range process.Env(ej.Devices) {
+				ej.Env[k] = v
+			}
+			ej.Devices = nil
+			note = "kiln: this node's GPUs are recorded, not real: the container gets their environment, no device\n"
+		}
+	}
+	var h executor.Handle
+	err := fmt.Errorf("this node cannot run containers: %s", a.cfg.NoContainers)
+	if exe != nil {
+		// The job outlives a server outage but not the agent.
+		h, err = exe.Start(context.WithoutCancel(ctx), ej)
+	}
 	if err != nil {
 		close(j.logsEnd)
 		a.postLog(ctx, as.JobID, []byte("kiln: the job failed to start: "+err.Error()+"\n"))
 		a.finish(ctx, as.JobID, api.ExitReport{Code: -1, Reason: "failed to start"})
 		return
+	}
+	if note != "" {
+		a.postLog(ctx, as.JobID, []byte(note))
 	}
 	a.mu.Lock()
 	j.h = h
@@ -306,6 +418,19 @@ func (a *Agent) start(ctx context.Context, as api.Assignment) {
 	if stopReason != "" {
 		go h.Stop(context.Background(), 0)
 	}
+}
+
+// cdiName is the CDI device of a granted unit: kiln.dev/gpu=<index> for a
+// GPU or a share of one, kiln.dev/gpu=<index>:<gi>:<ci> for a MIG instance
+// (unit "gpu0/mig3.0").
+func cdiName(d api.DeviceGrant) string {
+	if _, mig, ok := strings.Cut(d.ID, "/mig"); ok {
+		var gi, ci int
+		if _, err := fmt.Sscanf(mig, "%d.%d", &gi, &ci); err == nil {
+			return cdi.QualifiedName(cdi.MIGName(d.Index, gi, ci))
+		}
+	}
+	return cdi.QualifiedName(cdi.GPUName(d.Index))
 }
 
 // pumpLogs sends the job's output to the server in chunks.

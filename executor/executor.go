@@ -77,6 +77,22 @@ type Executor interface {
 	Start(ctx context.Context, job Job) (Handle, error)
 }
 
+// Reaper is an executor that can find the jobs a previous run of the
+// agent left running (it crashed or was killed, its jobs outlived it) and
+// stop them, so that their GPUs are free before the agent tells the server
+// what runs.
+type Reaper interface {
+	Reap(ctx context.Context, grace time.Duration) ([]Leftover, error)
+}
+
+// Leftover is a job a previous run of the agent left.
+type Leftover struct {
+	Job, Lease string
+	// Stopped is true when it still ran and was stopped; false when it
+	// had ended already or could not be told apart from another process.
+	Stopped bool
+}
+
 // Handle is a running job.
 type Handle interface {
 	// Logs streams the job's combined stdout and stderr from the start;

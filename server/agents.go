@@ -165,6 +165,13 @@ func (s *Server) applySnapshot(n *nodeState, req api.RegisterRequest, b *batch) 
 	nd.Hostname = req.Snapshot.Host.Hostname
 	nd.Recorded = req.Recorded
 	nd.Executor = req.Executor
+	nd.Containers, nd.NoContainers = req.Containers, ""
+	if req.Containers == "" {
+		nd.NoContainers = req.NoContainers
+		if nd.NoContainers == "" {
+			nd.NoContainers = "its agent runs no container executor"
+		}
+	}
 	nd.Driver = req.Snapshot.Drivers.NVIDIAUser
 	if nd.Driver == "" {
 		nd.Driver = req.Snapshot.Drivers.AMDGPU

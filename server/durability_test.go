@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -188,15 +190,28 @@ func TestKillServerAndAgent(t *testing.T) {
 	}
 	t.Logf("%d leases acknowledged (%d before kill -9 of the server), all there after restart and done", len(acked), atKill)
 
-	// Kill the PCIe agent while it holds all four GPUs.
+	// Kill the PCIe agent while it holds all four GPUs with a long job.
+	pidFile := filepath.Join(t.TempDir(), "job.pid")
 	var big api.Lease
 	if err := admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 4, Constraints: api.Constraints{Nodes: []string{"pcie"}},
-		Job: &api.JobSpec{Command: []string{"/bin/sh", "-c", "sleep 4"}}}, &big); err != nil {
+		Job: &api.JobSpec{Command: []string{"/bin/sh", "-c", "echo $$ > " + pidFile + "; exec sleep 120"}}}, &big); err != nil {
 		t.Fatal(err)
 	}
 	waitLease(t, admin, big.ID, 10*time.Second, func(l *api.Lease) bool { return l.State == api.LeaseGranted })
-	time.Sleep(500 * time.Millisecond)
+	var jobPID int
+	for deadline := time.Now().Add(10 * time.Second); jobPID == 0; time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(pidFile)
+		jobPID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		if time.Now().After(deadline) {
+			t.Fatal("the long job did not start")
+		}
+	}
 	kill9(t, pcieAgent)
+	// The job outlives its agent, as a job of a crashed agent does.
+	time.Sleep(200 * time.Millisecond)
+	if !processRuns(jobPID) {
+		t.Fatalf("job process %d ended with its agent; the test needs it to outlive it", jobPID)
+	}
 	lost := waitLease(t, admin, big.ID, 10*time.Second, final)
 	if lost.State != api.LeaseLost || !lost.Holding {
 		t.Fatalf("lease on the killed agent: %s holding=%v (%s), want lost and holding", lost.State, lost.Holding, lost.Reason)
@@ -210,18 +225,32 @@ func TestKillServerAndAgent(t *testing.T) {
 	if err := admin.Do(ctx, "GET", "/v1/leases/"+next.ID, nil, &next); err != nil || next.State != api.LeaseQueued {
 		t.Fatalf("a GPU of the lost node was granted again: %s (%v)", next.State, err)
 	}
-	// The agent comes back: the held GPUs are freed once it shows the
-	// old job is not running, and the queued lease runs.
+	// The agent comes back: it stops the job its previous run left
+	// before it registers, the held GPUs are freed once it shows the old
+	// job is not running, and the queued lease runs.
 	startProc(t, bin, agentArgs...)
 	done := waitLease(t, admin, next.ID, 20*time.Second, final)
 	if done.State != api.LeaseDone {
 		t.Fatalf("lease after the agent came back: %s (%s)", done.State, done.Reason)
+	}
+	if processRuns(jobPID) {
+		t.Errorf("the job of the killed agent (pid %d) still runs after the agent came back and its GPUs were granted again", jobPID)
 	}
 	var after api.Lease
 	admin.Do(ctx, "GET", "/v1/leases/"+big.ID, nil, &after)
 	if after.Holding {
 		t.Errorf("lost lease still holds its GPUs after the agent registered again")
 	}
+}
+
+// processRuns reports whether pid is a live process (not a zombie).
+func processRuns(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && !strings.HasPrefix(strings.TrimSpace(string(b[i+1:])), "Z")
 }
 
 func waitReadyNodes(t *testing.T, c *api.Client, n int) {

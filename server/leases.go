@@ -55,6 +55,17 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		l := &api.Lease{ID: newID("l-"), Project: req.Project, User: c.user.Name, State: api.LeaseQueued, Request: req, CreatedAt: now.UTC()}
 		ls := s.newLeaseState(l)
 		l.GPUs = ls.need
+		noContainers := ""
+		if req.Job != nil && req.Job.Image != "" {
+			// An image runs only where the agent has a container executor.
+			var nodes []string
+			nodes, noContainers = s.containerNodes()
+			if allowed == nil {
+				allowed = nodes
+			} else {
+				allowed = intersect(allowed, nodes)
+			}
+		}
 		if allowed != nil {
 			ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
 		}
@@ -70,7 +81,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		s.leases[l.ID] = ls
 		b.lease(l)
 		b.event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
-		if reason := s.refusal(ls, allowed); reason != "" {
+		if reason := s.refusal(ls, allowed, noContainers); reason != "" {
 			s.finishLease(ls, api.LeaseRefused, reason, now, b)
 		} else {
 			s.schedule(now, b)
@@ -116,8 +127,28 @@ func sizeText(r api.LeaseRequest) string {
 	return "MIG instance " + r.MIG
 }
 
+// containerNodes are the nodes that run jobs with an image, and why the
+// others do not.
+func (s *Server) containerNodes() ([]string, string) {
+	out := []string{}
+	var why []string
+	for _, n := range s.nodeList() {
+		if n.rec.Node.Containers != "" {
+			out = append(out, n.rec.Node.ID)
+		} else if len(why) < 5 {
+			r := n.rec.Node.NoContainers
+			if r == "" {
+				r = "its agent has not said it runs containers"
+			}
+			why = append(why, n.rec.Node.ID+": "+r)
+		}
+	}
+	return out, strings.Join(why, "; ")
+}
+
 // refusal says why a lease can never be granted as asked, or "".
-func (s *Server) refusal(ls *leaseState, allowed []string) string {
+// noContainers says why nodes cannot run the lease's image, if it has one.
+func (s *Server) refusal(ls *leaseState, allowed []string, noContainers string) string {
 	ps := s.project(ls.l.Project)
 	if ps.p.MaxGPUs > 0 && ls.need > ps.p.MaxGPUs+1e-9 {
 		return fmt.Sprintf("asks for %g GPUs; project %s may hold at most %g at once", ls.need, ps.p.Name, ps.p.MaxGPUs)
@@ -128,7 +159,10 @@ func (s *Server) refusal(ls *leaseState, allowed []string) string {
 		}
 	}
 	if allowed != nil && len(ls.req.Constraints.Nodes) == 0 {
-		return fmt.Sprintf("image %s runs on no node (kiln compat)", ls.l.Request.Job.Image)
+		if len(allowed) == 0 && noContainers != "" {
+			return fmt.Sprintf("image %s: no node can run containers (%s)", ls.l.Request.Job.Image, noContainers)
+		}
+		return fmt.Sprintf("image %s runs on no node it may use (kiln compat, container executors, the nodes asked for)", ls.l.Request.Job.Image)
 	}
 	if len(s.nodes) == 0 {
 		return "" // nodes may still join: wait

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/agent"
-	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/snapshot"
 )
 
@@ -21,6 +20,7 @@ func init() { addCommand(newAgentCmd) }
 
 type agentFlags struct {
 	src       sourceFlags
+	ctr       containerFlags
 	state     string
 	heartbeat time.Duration
 	rescan    time.Duration
@@ -29,6 +29,7 @@ type agentFlags struct {
 
 func (f *agentFlags) add(cmd *cobra.Command) {
 	f.src.add(cmd)
+	f.ctr.add(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.state, "state", "", "the agent's state directory: key, certificate, pinned CA (default <data>/agent)")
 	fl.DurationVar(&f.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval; keep it a third of the server's --heartbeat-timeout or less")
@@ -57,7 +58,12 @@ func (f *agentFlags) run(ctx context.Context, id *agent.Identity) error {
 		}
 		return s, err
 	}
-	a, err := agent.New(agent.Config{Identity: id, Executor: &process.Executor{}, Discover: discover, Recorded: recorded,
+	proc, ctr, noCtr := f.ctr.executors(ctx, id.Node, f.stateDir(), slog.Default())
+	if noCtr != "" {
+		slog.Info("jobs that name an image do not run on this node", "reason", noCtr)
+	}
+	a, err := agent.New(agent.Config{Identity: id, Executor: proc, Containers: ctr, NoContainers: noCtr, CDIDir: f.ctr.cdiDir,
+		Discover: discover, Recorded: recorded,
 		Heartbeat: f.heartbeat, Rescan: f.rescan, WorkDir: f.workdir, Logger: slog.Default()})
 	if err != nil {
 		return &exitError{code: 3, err: err}
@@ -79,6 +85,17 @@ heartbeats, runs assigned jobs as local processes with the GPU environment set
 (CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES and
 HIP_VISIBLE_DEVICES; MPS limits for fractions; cgroup v2 limits when it may write
 them) and streams their output to the server.
+
+Jobs that name an image (kiln run --image) run through the node's containerd
+(--containerd), with the GPUs injected as CDI devices from the spec the agent
+writes for this node (--cdi-dir). Where containerd does not answer, the agent
+tells the server why, and the server places image jobs on other nodes or
+refuses them with that reason.
+
+The agent keeps a record of each running job under its state directory. If it
+crashes, its jobs go on; when it starts again it stops them (SIGTERM, then
+SIGKILL) before it tells the server what runs, so their GPUs are never granted
+while an old job still uses them.
 
 The server drains the devices named by critical doctor findings. The agent
 authenticates with the certificate it got when joining, and trusts only the CA it

@@ -16,7 +16,6 @@ import (
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/capture"
 	"kiln.dev/kiln/discover"
-	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/server/api"
@@ -85,6 +84,7 @@ func newUpCmd() *cobra.Command {
 	var demo, noLocal bool
 	var demoDir, configPath string
 	var heartbeat time.Duration
+	var ctrFlags containerFlags
 	cmd := &cobra.Command{
 		Use:   "up [--demo]",
 		Short: "Start a kiln server and an agent for this machine: GPUs as a service on one box",
@@ -163,8 +163,10 @@ again.`,
 				if err != nil {
 					return &exitError{code: 3, err: err}
 				}
-				a, err := agent.New(agent.Config{Identity: id, Executor: &process.Executor{}, Discover: n.discover, Recorded: n.recorded,
-					Heartbeat: heartbeat, Logger: log})
+				state := filepath.Join(f.data, "agents", n.name)
+				proc, ctr, noCtr := ctrFlags.executors(ctx, n.name, state, log)
+				a, err := agent.New(agent.Config{Identity: id, Executor: proc, Containers: ctr, NoContainers: noCtr, CDIDir: ctrFlags.cdiDir,
+					Discover: n.discover, Recorded: n.recorded, Heartbeat: heartbeat, Logger: log})
 				if err != nil {
 					return &exitError{code: 3, err: err}
 				}
@@ -184,6 +186,7 @@ again.`,
 	cmd.Flags().BoolVar(&noLocal, "no-local-agent", false, "do not run an agent for this machine")
 	cmd.Flags().StringVar(&configPath, "config", "", "where to write the client configuration (default $KILN_CONFIG or ~/.config/kiln/client.json)")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat", 2*time.Second, "agents' heartbeat interval")
+	ctrFlags.add(cmd)
 	return cmd
 }
 

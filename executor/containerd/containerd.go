@@ -39,6 +39,7 @@ const (
 const (
 	LabelJob   = "kiln.dev/job"
 	LabelLease = "kiln.dev/lease"
+	LabelNode  = "kiln.dev/node"
 )
 
 // Config says which containerd to use and how.
@@ -71,7 +72,10 @@ type Config struct {
 	// PollInterval is how often a log reader looks for new output
 	// (100 ms when zero).
 	PollInterval time.Duration
-	Logger       *slog.Logger
+	// Node is the kiln node the containers run for (label kiln.dev/node):
+	// Reap stops only that node's, where several agents share a host.
+	Node   string
+	Logger *slog.Logger
 }
 
 // Executor starts jobs as containers. It is safe for concurrent use.

@@ -39,6 +39,9 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 	if job.LeaseID != "" {
 		labels[LabelLease] = job.LeaseID
 	}
+	if e.cfg.Node != "" {
+		labels[LabelNode] = e.cfg.Node
+	}
 	copts := []client.NewContainerOpts{client.WithImage(image)}
 	if e.cfg.Snapshotter != "" {
 		copts = append(copts, client.WithSnapshotter(e.cfg.Snapshotter))

@@ -29,6 +29,10 @@ type Executor struct {
 	Env []string
 	// MaxLogBytes bounds the output kept per job (default 64 MiB).
 	MaxLogBytes int
+	// StateDir, when set, holds a record of each running job (its process
+	// and start time), removed when the job ends; Reap finds there the
+	// jobs of a previous run that crashed.
+	StateDir string
 }
 
 // Name implements executor.Executor.
@@ -72,6 +76,18 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 		return nil, fmt.Errorf("starting %s: %w", job.Command[0], err)
 	}
 	h.cmd = cmd
+	if e.StateDir != "" {
+		r := record{Job: job.ID, Lease: job.LeaseID, PID: cmd.Process.Pid}
+		var err error
+		if r.Start, err = procStart(r.PID); err == nil {
+			err = e.writeRecord(r)
+		}
+		if err != nil {
+			fmt.Fprintf(h.logs, "kiln: no record of this job kept; if the agent crashes it is not found again: %v\n", err)
+		} else {
+			h.record = e.recordPath(job.ID)
+		}
+	}
 	go h.wait()
 	return h, nil
 }
@@ -121,6 +137,7 @@ type handle struct {
 	cmd    *exec.Cmd
 	logs   *logBuffer
 	cgroup string
+	record string // the job's record file, removed when it ends
 	done   chan struct{}
 
 	mu      sync.Mutex
@@ -149,6 +166,9 @@ func (h *handle) wait() {
 	h.exit = ex
 	h.mu.Unlock()
 	h.removeCgroup()
+	if h.record != "" {
+		_ = os.Remove(h.record)
+	}
 	h.logs.Close()
 	close(h.done)
 }

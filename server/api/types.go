@@ -229,15 +229,19 @@ type Node struct {
 	Hostname string    `json:"hostname,omitempty"`
 	// Recorded is true when the agent replays a recorded machine: its GPUs
 	// are not real.
-	Recorded bool      `json:"recorded,omitempty"`
-	Executor string    `json:"executor,omitempty"`
-	Driver   string    `json:"driver,omitempty"`
-	CUDA     string    `json:"cuda,omitempty"`
-	Devices  []Device  `json:"devices"`
-	Findings []Finding `json:"findings,omitempty"`
-	Joined   time.Time `json:"joined_at"`
-	Free     float64   `json:"free_gpus"`
-	Total    int       `json:"total_gpus"`
+	Recorded bool   `json:"recorded,omitempty"`
+	Executor string `json:"executor,omitempty"`
+	// Containers is the executor of jobs with an image ("containerd");
+	// empty when the node cannot run them, NoContainers says why.
+	Containers   string    `json:"containers,omitempty"`
+	NoContainers string    `json:"no_containers,omitempty"`
+	Driver       string    `json:"driver,omitempty"`
+	CUDA         string    `json:"cuda,omitempty"`
+	Devices      []Device  `json:"devices"`
+	Findings     []Finding `json:"findings,omitempty"`
+	Joined       time.Time `json:"joined_at"`
+	Free         float64   `json:"free_gpus"`
+	Total        int       `json:"total_gpus"`
 }
 
 // Finding is a doctor finding the agent reports with its snapshot.
@@ -366,6 +370,10 @@ type RegisterRequest struct {
 	Findings []Finding          `json:"findings,omitempty"`
 	Recorded bool               `json:"recorded,omitempty"`
 	Executor string             `json:"executor,omitempty"`
+	// Containers is the executor of jobs with an image ("containerd"),
+	// empty when the node runs none; NoContainers then says why.
+	Containers   string `json:"containers,omitempty"`
+	NoContainers string `json:"no_containers,omitempty"`
 	// Running lists the jobs the agent runs now.
 	Running []string `json:"running,omitempty"`
 }
