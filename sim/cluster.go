@@ -11,6 +11,9 @@ type task struct {
 	frag.Task
 	shape  int
 	models uint64 // bit i: accepts model i of the cluster; all ones: any
+	// memShape tells apart tasks of one shape with different memory, for
+	// policies whose score depends on memory.
+	memShape int
 }
 
 // cluster is the state of the simulated nodes.

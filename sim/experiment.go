@@ -62,11 +62,12 @@ type Run struct {
 // prepared is a trace ready to simulate: tasks with shape ids and model
 // masks, and the paper's target workload.
 type prepared struct {
-	trace    *Trace
-	tasks    []task
-	shapes   int
-	target   *frag.Workload
-	capacity int64
+	trace     *Trace
+	tasks     []task
+	shapes    int
+	memShapes int
+	target    *frag.Workload
+	capacity  int64
 }
 
 func prepare(tr *Trace, coverage float64) *prepared {
@@ -74,7 +75,7 @@ func prepare(tr *Trace, coverage float64) *prepared {
 	p.target = frag.TargetWorkload(Tasks(tr.Pods), coverage, frag.ByCount)
 	c := newCluster(tr.Nodes, p.target)
 	p.capacity = c.capacity
-	ids := map[string]int{}
+	ids, memIDs := map[string]int{}, map[string]int{}
 	for i, pod := range tr.Pods {
 		key := fmt.Sprintf("%d/%d/%d/%s", pod.CPU, pod.GPUs, pod.GPUMilli, strings.Join(pod.Models, "|"))
 		id, ok := ids[key]
@@ -82,16 +83,22 @@ func prepare(tr *Trace, coverage float64) *prepared {
 			id = len(ids)
 			ids[key] = id
 		}
-		p.tasks[i] = task{Task: pod.Task, shape: id, models: c.modelMask(pod.Task)}
+		key += fmt.Sprintf("/%d", pod.Memory)
+		mid, ok := memIDs[key]
+		if !ok {
+			mid = len(memIDs)
+			memIDs[key] = mid
+		}
+		p.tasks[i] = task{Task: pod.Task, shape: id, models: c.modelMask(pod.Task), memShape: mid}
 	}
-	p.shapes = len(ids)
+	p.shapes, p.memShapes = len(ids), len(memIDs)
 	return p
 }
 
 // simulate runs one policy over the tasks in order.
 func (p *prepared) simulate(ctx context.Context, name string, seed int64, order, rank []int, memo *frag.Memo, pctMax int) (Run, error) {
 	c := newClusterMemo(p.trace.Nodes, memo)
-	e := &env{c: c, rng: rand.New(rand.NewPCG(uint64(seed), policySalt(name))), shapes: p.shapes, target: p.target, tasks: Tasks(p.trace.Pods)}
+	e := &env{c: c, rng: rand.New(rand.NewPCG(uint64(seed), policySalt(name))), shapes: p.shapes, memShapes: p.memShapes, target: p.target, tasks: Tasks(p.trace.Pods)}
 	pol := newPolicy(name, e)
 	run := Run{Policy: name, Seed: seed, Tasks: len(order)}
 	acc := newCurve(pctMax)

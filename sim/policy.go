@@ -79,8 +79,10 @@ type env struct {
 	c      *cluster
 	rng    *rand.Rand
 	shapes int // number of task shapes
-	target *frag.Workload
-	tasks  []frag.Task // the trace's tasks
+	// memShapes is the number of (shape, memory) pairs (task.memShape).
+	memShapes int
+	target    *frag.Workload
+	tasks     []frag.Task // the trace's tasks
 }
 
 func newPolicy(name string, e *env) policy {

@@ -111,7 +111,7 @@ func Replay(ctx context.Context, tr *Trace, policies []string, seed int64, opt O
 func (p *prepared) replay(ctx context.Context, name string, seed int64, arrivals, rank []int) (ReplayResult, error) {
 	res := ReplayResult{Trace: p.trace.Name, Policy: name, Tasks: len(arrivals)}
 	c := newCluster(p.trace.Nodes, p.target)
-	e := &env{c: c, rng: rand.New(rand.NewPCG(uint64(seed), policySalt(name))), shapes: p.shapes, target: p.target, tasks: Tasks(p.trace.Pods)}
+	e := &env{c: c, rng: rand.New(rand.NewPCG(uint64(seed), policySalt(name))), shapes: p.shapes, memShapes: p.memShapes, target: p.target, tasks: Tasks(p.trace.Pods)}
 	pol := newPolicy(name, e)
 	empty := newCluster(p.trace.Nodes, p.target)
 	everFits := map[int]bool{}

@@ -89,7 +89,7 @@ func (m *Memo) FGD(n Node, t Task, before float64, paper bool) (gpu int, delta f
 			seen[ns] = f
 			ns++
 		}
-		d := before - m.amountAfterOne(n, t.CPU, i, t.GPUMilli)
+		d := before - m.amountAfterOne(n, t.CPU, t.Memory, i, t.GPUMilli)
 		rank := d
 		if paper {
 			rank = float64(PaperScore(d))

@@ -1,22 +1,37 @@
 package frag
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
-// Kiln is kiln's default placement policy. It keeps FGD's measure and its
-// coarse integer score (PaperScore of the fragmentation reduction) as the
-// first key: measured on the Alibaba trace, ranking nodes by the exact
-// reduction does worse (about 94.4% of GPUs allocated instead of 95.4%)
-// because it scatters tasks over many nearly equal nodes, while the coarse
-// score leaves ties that a consistent tie-break packs onto the same nodes.
+// Kiln is kiln's default placement policy. It ranks nodes by FGD's coarse
+// integer score (PaperScore) of a fragmentation reduction, as the paper's
+// scheduler does, and breaks the many ties by keys FGD does not have.
+// Measured on the Alibaba trace, ranking by the exact reduction does worse
+// (about 94.4% of GPUs allocated instead of 95.4%): it scatters tasks over
+// many nearly equal nodes, while the coarse score leaves ties that a
+// consistent tie-break packs onto the same nodes.
 //
-// Among nodes of equal integer score kiln prefers, in this order of weight:
+// What kiln changes, each measured on the trace and its variants:
 //
-//  1. nodes whose CPU per GPU matches the task's, so that CPU-heavy tasks
-//     go to CPU-rich nodes and GPU-dense nodes keep CPU for their GPUs
-//     (fewer GPUs stranded without CPU); tasks without GPUs prefer the
-//     nodes with the most CPU per GPU; multi-GPU tasks skip this key;
-//  2. for tasks that accept any GPU model, models that model-constrained
-//     tasks need less (Pressure), so constrained tasks still find room.
+//   - The target workload (KilnTarget) carries each shape's host memory, so
+//     GPUs on nodes whose memory is spent count as fragment, and it adds
+//     the shapes that fit on only a small part of the cluster (an 8-GPU
+//     task with 120 cores fits only the 128-core nodes), so that other
+//     tasks leave those nodes whole.
+//   - A fractional task whose tightest GPU on the node would keep less
+//     than CloseBelow free closes that GPU: such placements come first,
+//     tightest first, because the remainder is lost to every request.
+//   - The fragmentation reduction of a fractional placement is lowered by
+//     DeadWeight times the GPU capacity it leaves that no popular share can
+//     fill (a 230 on a GPU with 350 free leaves 120 that only rare small
+//     tasks use; a 320 there leaves 30).
+//   - Among nodes of equal score: a task with GPUs prefers nodes whose CPU
+//     per GPU matches its own, less the pressure of model-constrained tasks
+//     on the node's GPU model (Pressure) when it accepts any model; a task
+//     without GPUs prefers nodes with the most CPU per GPU; then the exact
+//     reduction decides.
 //
 // The remaining ties are left to the caller (the simulator, like the
 // authors', takes the node that comes first in a fixed random order).
@@ -26,11 +41,156 @@ type Kiln struct {
 	// only some models, spread over the models each accepts by capacity,
 	// divided by the model's capacity (see ModelPressure).
 	Pressure map[string]float64
+	// CloseBelow is the free share (milli-GPU) under which a GPU counts as
+	// closed: no request fits what is left. NewKilnFor sets it to the
+	// smallest share among the tasks seen; 0 turns closing off.
+	CloseBelow int32
+	// DeadWeight weighs the capacity a fractional placement leaves that no
+	// popular share can fill against FGD's reduction; 0 turns it off.
+	DeadWeight float64
+
+	// dead[r] is the part of r free milli-GPU that no sum of the target's
+	// popular one-GPU shares (each at least minPopular of the tasks) fills.
+	dead []int32
 }
 
-// NewKiln returns kiln's policy for a target workload and model pressure.
+// Defaults of NewKiln.
+const (
+	DefaultDeadWeight = 2.5
+	// minPopular is the share of tasks a one-GPU shape must have to count
+	// as a filler in the dead-capacity table.
+	minPopular = 0.01
+	// scarceShare: a shape that fits, on an empty cluster, on less than
+	// this share of the GPU capacity is scarce; scarceWeight scales its
+	// popularity by how scarce it is.
+	scarceShare  = 0.25
+	scarceWeight = 0.3
+)
+
+// NewKiln returns kiln's policy for a target workload and model pressure,
+// with DefaultDeadWeight and CloseBelow set to the smallest share of the
+// target's shapes.
 func NewKiln(target *Workload, pressure map[string]float64) *Kiln {
-	return &Kiln{Target: target, Pressure: pressure}
+	k := &Kiln{Target: target, Pressure: pressure, DeadWeight: DefaultDeadWeight}
+	for _, s := range target.Shapes {
+		if s.Sharing() && (k.CloseBelow == 0 || s.GPUMilli < k.CloseBelow) {
+			k.CloseBelow = s.GPUMilli
+		}
+	}
+	k.dead = deadTable(target)
+	return k
+}
+
+// NewKilnFor returns kiln's policy for a cluster of empty nodes (their
+// capacities) and the tasks seen, starting from a target workload such as
+// TargetWorkload's: the target becomes KilnTarget's, Pressure is
+// ModelPressure's, and CloseBelow the smallest share of any task seen.
+func NewKilnFor(base *Workload, tasks []Task, capacities []Node) *Kiln {
+	capBy := map[string]int64{}
+	for _, n := range capacities {
+		capBy[n.Model] += n.FreeGPU()
+	}
+	k := NewKiln(KilnTarget(base, tasks, capacities), ModelPressure(tasks, capBy))
+	if m := SmallestShare(tasks); m > 0 {
+		k.CloseBelow = m
+	}
+	return k
+}
+
+// SmallestShare is the smallest GPU share of a fractional task among
+// tasks, 0 when there is none.
+func SmallestShare(tasks []Task) int32 {
+	var m int32
+	for _, t := range tasks {
+		if t.Sharing() && (m == 0 || t.GPUMilli < m) {
+			m = t.GPUMilli
+		}
+	}
+	return m
+}
+
+// KilnTarget extends a target workload for kiln: every shape gets the
+// median host memory of the tasks of that shape, and the shapes that fit,
+// on empty nodes, on less than a quarter of the cluster's GPU capacity are
+// added with their popularity times 0.3 over that share (a shape that fits
+// on 5% of the capacity counts six times its popularity), so that the
+// nodes they need are kept for them.
+func KilnTarget(base *Workload, tasks []Task, capacities []Node) *Workload {
+	mem := map[shapeKey][]int64{}
+	for _, t := range tasks {
+		k := keyOf(t)
+		mem[k] = append(mem[k], t.Memory)
+	}
+	median := func(t Task) int64 {
+		v := mem[keyOf(t)]
+		if len(v) == 0 {
+			return 0
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	shapes := slices.Clone(base.Shapes)
+	for i := range shapes {
+		shapes[i].Memory = median(shapes[i].Task)
+	}
+	var capTotal int64
+	for _, n := range capacities {
+		capTotal += n.FreeGPU()
+	}
+	if capTotal > 0 {
+		for _, s := range TargetWorkload(tasks, 1, ByCount).Shapes {
+			if !s.WantsGPU() {
+				continue
+			}
+			var fits int64
+			for _, n := range capacities {
+				if Fits(n, s.Task) {
+					fits += n.FreeGPU()
+				}
+			}
+			share := float64(fits) / float64(capTotal)
+			if fits > 0 && share < scarceShare {
+				s.Memory = median(s.Task)
+				s.Weight *= scarceWeight / share
+				shapes = append(shapes, s)
+			}
+		}
+	}
+	return NewWorkload(shapes)
+}
+
+// deadTable is Kiln.dead for a target.
+func deadTable(w *Workload) []int32 {
+	var sizes []int32
+	for _, s := range w.Shapes {
+		if s.WantsGPU() && s.GPUs == 1 && s.Weight >= minPopular && !slices.Contains(sizes, s.GPUMilli) {
+			sizes = append(sizes, s.GPUMilli)
+		}
+	}
+	// fill[r]: the largest sum of sizes (each any number of times) <= r.
+	fill := make([]int32, MilliPerGPU+1)
+	for r := int32(1); r <= MilliPerGPU; r++ {
+		fill[r] = fill[r-1]
+		for _, z := range sizes {
+			if z <= r && fill[r-z]+z > fill[r] {
+				fill[r] = fill[r-z] + z
+			}
+		}
+	}
+	dead := make([]int32, MilliPerGPU+1)
+	for r := range fill {
+		dead[r] = int32(r) - fill[r]
+	}
+	return dead
+}
+
+// Dead is the part of free milli-GPU f on one GPU that no sum of the
+// target's popular one-GPU shares fills (f itself for f outside 0..1000).
+func (k *Kiln) Dead(f int32) int32 {
+	if f < 0 || int(f) >= len(k.dead) {
+		return max(f, 0)
+	}
+	return k.dead[f]
 }
 
 // ModelPressure computes Kiln.Pressure from the tasks seen and the GPU
@@ -69,42 +229,114 @@ func ModelPressure(tasks []Task, capacity map[string]int64) map[string]float64 {
 // when t does not fit. cpuCapacity is the node's CPU capacity in
 // milli-cores (used for its CPU per GPU); 0 when unknown.
 func (k *Kiln) Score(n Node, cpuCapacity int64, t Task) float64 {
-	if !Fits(n, t) {
-		return math.Inf(-1)
-	}
-	return k.score(n, cpuCapacity, t, Score(n, t, k.Target))
+	s, _ := k.decide(n, cpuCapacity, t)
+	return s
 }
 
-// GPUs is kiln's GPU choice on node n: FGD's (see ChooseGPUs).
-func (k *Kiln) GPUs(n Node, t Task) []int { return ChooseGPUs(n, t, k.Target) }
+// GPUs is kiln's GPU choice on node n: the first idle GPUs for whole-GPU
+// tasks; for a fractional task the tightest GPU when it closes a GPU,
+// else FGD's choice by its integer score. nil when t asks for no GPU or
+// does not fit.
+func (k *Kiln) GPUs(n Node, t Task) []int {
+	if !t.WantsGPU() || !Fits(n, t) {
+		return nil
+	}
+	if !t.Sharing() {
+		return FirstFree(n.Free, t.GPUMilli, t.GPUs)
+	}
+	_, g := k.decide(n, 0, t)
+	return []int{g}
+}
+
+func (k *Kiln) decide(n Node, cpuCapacity int64, t Task) (float64, int) {
+	if !Fits(n, t) {
+		return math.Inf(-1), -1
+	}
+	before := k.Target.Amount(n)
+	if !t.Sharing() {
+		var gpus []int
+		if t.WantsGPU() {
+			gpus = FirstFree(n.Free, t.GPUMilli, t.GPUs)
+		}
+		return k.score(n, cpuCapacity, t, -1, before-k.Target.Amount(Apply(n, t, gpus)))
+	}
+	gpu, rank, delta := -1, 0.0, 0.0
+	for i, f := range n.Free {
+		if f < t.GPUMilli {
+			continue
+		}
+		d := before - k.Target.Amount(Apply(n, t, []int{i}))
+		if r := float64(PaperScore(d)); gpu < 0 || r > rank {
+			gpu, rank, delta = i, r, d
+		}
+	}
+	return k.score(n, cpuCapacity, t, gpu, delta)
+}
 
 // ScoreMemo is Score measured with a memo of k.Target: before is
 // m.Amount(n). It returns the score and, for a fractional task, the GPU
 // to use (-1 otherwise). t must fit on n.
 func (k *Kiln) ScoreMemo(m *Memo, n Node, cpuCapacity int64, t Task, before float64) (float64, int) {
 	gpu, delta := m.FGD(n, t, before, true)
-	return k.score(n, cpuCapacity, t, delta), gpu
+	return k.score(n, cpuCapacity, t, gpu, delta)
 }
 
-func (k *Kiln) score(n Node, cpuCapacity int64, t Task, delta float64) float64 {
-	primary := float64(PaperScore(delta))
-	var second float64
-	if g := len(n.Free); g > 0 && cpuCapacity > 0 && t.GPUs <= 1 {
-		nodeRatio := float64(cpuCapacity) / float64(g) / 1000 // cores per GPU
-		if t.WantsGPU() {
-			taskRatio := float64(t.CPU) / float64(t.GPUTotal()) // cores per GPU
-			if taskRatio > 0 {
-				second = 1 - math.Abs(math.Log(taskRatio/nodeRatio))/5
-			} else {
-				second = 0.5
+// closeBase lifts a placement that closes a GPU above every PaperScore.
+const closeBase = 1000
+
+// score combines FGD's choice on n (the GPU for a fractional task and the
+// fragmentation reduction delta) into kiln's score and GPU.
+func (k *Kiln) score(n Node, cpuCapacity int64, t Task, gpu int, delta float64) (float64, int) {
+	if t.Sharing() && gpu >= 0 {
+		if k.DeadWeight != 0 && k.dead != nil {
+			f := n.Free[gpu]
+			delta -= k.DeadWeight * float64(k.Dead(f-t.GPUMilli)-k.Dead(f))
+		}
+		if k.CloseBelow > 0 {
+			if g := TightestGPU(n.Free, t.GPUMilli); g >= 0 {
+				if left := n.Free[g] - t.GPUMilli; left < k.CloseBelow {
+					return closeBase + float64(MilliPerGPU-left) + k.keys(n, cpuCapacity, t, delta)/closeBase, g
+				}
 			}
-		} else {
-			second = nodeRatio / 100
 		}
 	}
-	if t.WantsGPU() && len(t.Models) == 0 {
-		second -= k.Pressure[n.Model]
+	return k.keys(n, cpuCapacity, t, delta), gpu
+}
+
+// keys is PaperScore(delta) followed by the tie-break keys, each in
+// [0, 1] kept to three digits below the previous one.
+func (k *Kiln) keys(n Node, cpuCapacity int64, t Task, delta float64) float64 {
+	s := float64(PaperScore(delta))
+	s += quant(k.resourceFit(n, cpuCapacity, t)) / 1e3
+	s += quant(1/(1+math.Exp(-delta/1000))) / 1e6
+	return s
+}
+
+func quant(v float64) float64 { return math.Round(math.Min(math.Max(v, 0), 1) * 998) }
+
+// resourceFit is the first tie-break: how well the node's CPU per GPU
+// suits the task (see Kiln).
+func (k *Kiln) resourceFit(n Node, cpuCapacity int64, t Task) float64 {
+	g := len(n.Free)
+	if !t.WantsGPU() {
+		switch {
+		case cpuCapacity <= 0:
+			return 0.5
+		case g == 0:
+			return 1
+		}
+		return float64(cpuCapacity) / float64(g) / 1000 / 100 // cores per GPU / 100
 	}
-	second = math.Min(math.Max(second, 0), 1)
-	return primary + 0.999*second
+	v := 0.5
+	if g > 0 && cpuCapacity > 0 {
+		nodeRatio := float64(cpuCapacity) / float64(g) / 1000 // cores per GPU
+		taskRatio := float64(t.CPU) / float64(t.GPUTotal())   // cores per GPU
+		if taskRatio > 0 {
+			v = 1 - math.Abs(math.Log(taskRatio/nodeRatio))/5
+		}
+	}
+	if len(t.Models) == 0 {
+		v -= k.Pressure[n.Model]
+	}
+	return v
 }

@@ -10,6 +10,7 @@ const memoGPUs = 8
 // share one entry).
 type stateKey struct {
 	cpu   int64
+	mem   int64
 	model int32
 	n     uint8
 	free  [memoGPUs]uint16
@@ -24,6 +25,9 @@ type Memo struct {
 	measure func(*Workload, Node) float64
 	models  map[string]int32
 	m       map[stateKey]float64
+	// memory is set when a shape of w asks for host memory: the measure
+	// then depends on the node's free memory, which joins the key.
+	memory bool
 	// Hits and Misses count look-ups, for benchmarks.
 	Hits, Misses int
 }
@@ -36,7 +40,13 @@ func NewMemo(w *Workload) *Memo {
 // NewMemoOf returns an empty memo of another measure of node states against
 // w, such as (*Workload).Waste.
 func NewMemoOf(w *Workload, measure func(*Workload, Node) float64) *Memo {
-	return &Memo{w: w, measure: measure, models: map[string]int32{}, m: make(map[stateKey]float64, 1<<12)}
+	mm := &Memo{w: w, measure: measure, models: map[string]int32{}, m: make(map[stateKey]float64, 1<<12)}
+	for _, s := range w.Shapes {
+		if s.Memory > 0 {
+			mm.memory = true
+		}
+	}
+	return mm
 }
 
 // Workload is the workload the memo measures against.
@@ -49,7 +59,7 @@ func (m *Memo) Amount(n Node) float64 {
 	}
 	var free [memoGPUs]int32
 	copy(free[:], n.Free)
-	return m.lookup(n.Model, n.CPU, free, len(n.Free))
+	return m.lookup(n.Model, n.CPU, n.Memory, free, len(n.Free))
 }
 
 // AmountAfter is the fragmentation of node n after task t is placed on the
@@ -65,27 +75,32 @@ func (m *Memo) AmountAfter(n Node, t Task, gpus []int) float64 {
 			free[g] -= t.GPUMilli
 		}
 	}
-	return m.lookup(n.Model, n.CPU-t.CPU, free, len(n.Free))
+	return m.lookup(n.Model, n.CPU-t.CPU, n.Memory-t.Memory, free, len(n.Free))
 }
 
 // amountAfterOne is AmountAfter for a task that takes milli from GPU g.
-func (m *Memo) amountAfterOne(n Node, cpu int64, g int, milli int32) float64 {
+func (m *Memo) amountAfterOne(n Node, cpu, mem int64, g int, milli int32) float64 {
 	if len(n.Free) > memoGPUs {
-		return m.measure(m.w, Apply(n, Task{CPU: cpu, GPUs: 1, GPUMilli: milli}, []int{g}))
+		return m.measure(m.w, Apply(n, Task{CPU: cpu, Memory: mem, GPUs: 1, GPUMilli: milli}, []int{g}))
 	}
 	var free [memoGPUs]int32
 	copy(free[:], n.Free)
 	free[g] -= milli
-	return m.lookup(n.Model, n.CPU-cpu, free, len(n.Free))
+	return m.lookup(n.Model, n.CPU-cpu, n.Memory-mem, free, len(n.Free))
 }
 
-func (m *Memo) lookup(model string, cpu int64, free [memoGPUs]int32, k int) float64 {
+func (m *Memo) lookup(model string, cpu, mem int64, free [memoGPUs]int32, k int) float64 {
 	id, ok := m.models[model]
 	if !ok {
 		id = int32(len(m.models))
 		m.models[model] = id
 	}
 	key := stateKey{cpu: cpu, model: id, n: uint8(k)}
+	if m.memory {
+		key.mem = mem
+	} else {
+		mem = 0
+	}
 	// Insertion sort, decreasing: at most eight values.
 	s := free[:k]
 	for i := 1; i < k; i++ {
@@ -111,7 +126,7 @@ func (m *Memo) lookup(model string, cpu int64, free [memoGPUs]int32, k int) floa
 	m.Misses++
 	sorted := make([]int32, k)
 	copy(sorted, s)
-	v := m.measure(m.w, Node{Model: model, CPU: cpu, Free: sorted})
+	v := m.measure(m.w, Node{Model: model, CPU: cpu, Memory: mem, Free: sorted})
 	m.m[key] = v
 	return v
 }

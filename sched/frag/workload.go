@@ -133,7 +133,7 @@ func (w *Workload) Amount(n Node) float64 {
 	var f float64
 	for i := range w.Shapes {
 		s := &w.Shapes[i]
-		if !s.WantsGPU() || n.CPU < s.CPU || !s.Accepts(n.Model) {
+		if !s.WantsGPU() || n.CPU < s.CPU || n.Memory < s.Memory || !s.Accepts(n.Model) {
 			f += s.Weight * float64(total)
 			continue
 		}
