@@ -369,6 +369,8 @@ func (a *Agent) start(ctx context.Context, as api.Assignment) {
 	ej.Env["KILN_RANK"] = fmt.Sprint(as.Rank)
 	ej.Env["KILN_WORLD_SIZE"] = fmt.Sprint(as.Size)
 	ej.Env["KILN_PROJECT"] = as.Project
+	ej.Env["KILN_JOB_ID"] = as.JobID
+	ej.Env["KILN_LEASE_ID"] = as.LeaseID
 	if ej.WorkDir == "" {
 		ej.WorkDir = a.cfg.WorkDir
 	}

@@ -78,3 +78,31 @@ func grantRunRelease(t *testing.T, pl server.Placer) {
 		t.Errorf("fraction job output %q", out)
 	}
 }
+
+// TestImageJobRefusedWithoutContainers: nodes whose agents run no
+// container executor say why; a lease whose job names an image is refused
+// with that reason, and one without an image still runs.
+func TestImageJobRefusedWithoutContainers(t *testing.T) {
+	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second})
+	m := machines(t)
+	c.addAgent("hgx", m["hgx"], nil, 300*time.Millisecond)
+	nodes := c.waitNodes(1)
+	if nodes[0].Containers != "" || nodes[0].NoContainers != "the agent runs no container executor" {
+		t.Errorf("node hgx: containers %q, no_containers %q", nodes[0].Containers, nodes[0].NoContainers)
+	}
+	ctx := context.Background()
+	var l api.Lease
+	err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 1,
+		Job: &api.JobSpec{Image: "registry.lab:5000/train:1", Command: []string{"python", "train.py"}}}, &l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "image registry.lab:5000/train:1: no node can run containers (hgx: the agent runs no container executor)"
+	if l.State != api.LeaseRefused || l.Reason != want {
+		t.Errorf("image lease %s: %q, want refused: %q", l.State, l.Reason, want)
+	}
+	if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 1,
+		Job: &api.JobSpec{Command: []string{"/bin/true"}}}, &l); err != nil || l.State != api.LeaseGranted {
+		t.Errorf("process lease %s (%v), want granted", l.State, err)
+	}
+}

@@ -13,10 +13,11 @@ import (
 
 // containerFlags choose how an agent runs jobs that name an image.
 type containerFlags struct {
-	address   string
-	none      bool
-	plainHTTP []string
-	cdiDir    string
+	address     string
+	none        bool
+	plainHTTP   []string
+	cdiDir      string
+	snapshotter string
 }
 
 func (f *containerFlags) add(cmd *cobra.Command) {
@@ -25,6 +26,7 @@ func (f *containerFlags) add(cmd *cobra.Command) {
 	fl.BoolVar(&f.none, "no-containers", false, "run no job that names an image on this node (the server places them elsewhere)")
 	fl.StringSliceVar(&f.plainHTTP, "plain-http", nil, "registries (host:port) reached over plain HTTP, a lab's local registry; * for all")
 	fl.StringVar(&f.cdiDir, "cdi-dir", "", "where the agent writes the CDI spec of this node's GPUs (default /var/run/cdi)")
+	fl.StringVar(&f.snapshotter, "snapshotter", "", "containerd snapshotter for job images (default containerd's, overlayfs; native where overlayfs cannot mount)")
 }
 
 // executors makes a node's executors: processes, with their records in
@@ -35,5 +37,6 @@ func (f *containerFlags) executors(ctx context.Context, node, state string, log 
 	if f.none {
 		return proc, nil, "the agent was started with --no-containers"
 	}
-	return proc, nil, "this agent has no container executor"
+	ctr, noCtr = f.containerExecutor(ctx, node, state, log)
+	return proc, ctr, noCtr
 }

@@ -68,8 +68,8 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 				}
 				spec.Env[k] = v
 			}
-			if spec.WorkDir == "" && isLoopback(cfg.Server) {
-				spec.WorkDir, _ = os.Getwd() // the job runs on this machine
+			if spec.WorkDir == "" && image == "" && isLoopback(cfg.Server) {
+				spec.WorkDir, _ = os.Getwd() // the job runs on this machine (not in a container)
 			}
 			ctx := cmd.Context()
 			stderr := cmd.ErrOrStderr()
