@@ -49,17 +49,18 @@ type Kiln struct {
 	// popular share can fill against FGD's reduction; 0 turns it off.
 	DeadWeight float64
 
-	// dead[r] is the part of r free milli-GPU that no sum of the target's
-	// popular one-GPU shares (each at least minPopular of the tasks) fills.
+	// dead[r] is the part of r free milli-GPU that sums of the target's
+	// popular one-GPU shares do not fill (see deadTable).
 	dead []int32
 }
 
 // Defaults of NewKiln.
 const (
 	DefaultDeadWeight = 2.5
-	// minPopular is the share of tasks a one-GPU shape must have to count
-	// as a filler in the dead-capacity table.
+	// minPopular and minCommon are the shares of tasks a one-GPU shape
+	// must have to count as a filler in the two dead-capacity tables.
 	minPopular = 0.01
+	minCommon  = 0.05
 	// scarceShare: a shape that fits, on an empty cluster, on less than
 	// this share of the GPU capacity is scarce; scarceWeight scales its
 	// popularity by how scarce it is.
@@ -159,11 +160,26 @@ func KilnTarget(base *Workload, tasks []Task, capacities []Node) *Workload {
 	return NewWorkload(shapes)
 }
 
-// deadTable is Kiln.dead for a target.
+// deadTable is Kiln.dead for a target: r less what the popular shares
+// fill, averaged over two notions of popular (shares of at least 1% and of
+// at least 5% of the tasks), so that a remainder only rare shares fit
+// counts as half lost.
 func deadTable(w *Workload) []int32 {
+	fine, coarse := fillTable(w, minPopular), fillTable(w, minCommon)
+	dead := make([]int32, MilliPerGPU+1)
+	for r := range dead {
+		dead[r] = int32(r) - (fine[r]+coarse[r])/2
+	}
+	return dead
+}
+
+// fillTable: fill[r] is the largest sum of the target's one-GPU shares
+// held by at least minShare of the tasks (each share any number of times)
+// that is at most r milli-GPU.
+func fillTable(w *Workload, minShare float64) []int32 {
 	var sizes []int32
 	for _, s := range w.Shapes {
-		if s.WantsGPU() && s.GPUs == 1 && s.Weight >= minPopular && !slices.Contains(sizes, s.GPUMilli) {
+		if s.WantsGPU() && s.GPUs == 1 && s.Weight >= minShare && !slices.Contains(sizes, s.GPUMilli) {
 			sizes = append(sizes, s.GPUMilli)
 		}
 	}
@@ -177,15 +193,12 @@ func deadTable(w *Workload) []int32 {
 			}
 		}
 	}
-	dead := make([]int32, MilliPerGPU+1)
-	for r := range fill {
-		dead[r] = int32(r) - fill[r]
-	}
-	return dead
+	return fill
 }
 
-// Dead is the part of free milli-GPU f on one GPU that no sum of the
-// target's popular one-GPU shares fills (f itself for f outside 0..1000).
+// Dead is the part of free milli-GPU f on one GPU that sums of the
+// target's popular one-GPU shares do not fill (see deadTable); f itself
+// outside 0..1000.
 func (k *Kiln) Dead(f int32) int32 {
 	if f < 0 || int(f) >= len(k.dead) {
 		return max(f, 0)
