@@ -38,7 +38,7 @@ var Policies = []PolicyInfo{
 	{"packing", "GpuPacking", "partly used GPUs first, then idle GPUs of used nodes, then idle nodes"},
 	{"bestfit", "BestFit", "the node with the least free CPU and GPU left after placing"},
 	{"fgd", "FGD", "fragmentation gradient descent against the target workload (Weng et al., ATC '23)"},
-	{"kiln", "kiln", "kiln's default: FGD's score, ties broken by matching the task's CPU per GPU to the node's and by sparing GPU models that constrained tasks need"},
+	{"kiln", "kiln", "kiln's default: FGD's score against a memory-aware target that keeps the nodes scarce shapes need; GPUs a share closes first; capacity no popular share fills counts against a placement; ties broken by CPU per GPU and by sparing GPU models that constrained tasks need"},
 }
 
 // PolicyNames are the names of Policies.

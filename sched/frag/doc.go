@@ -8,7 +8,8 @@
 //	F_n(M) = sum over m of p_m * F_n(m)
 //
 // where F_n(m) is the free milli-GPU of node n that task m cannot use. If m
-// cannot run on n at all (too little CPU, too few GPUs with enough free
+// cannot run on n at all (too little CPU or host memory, when the shape
+// states its memory; too few GPUs with enough free
 // capacity, a GPU model it does not accept, or m asks for no GPU), all free
 // GPU capacity of n is fragment for m. If m can run, only the GPUs whose free
 // capacity is below m's per-GPU request are fragment for it.
@@ -28,12 +29,14 @@
 //	frag.Fits(node Node, req Task) bool                       // filter
 //	frag.Score(node Node, req Task, target *Workload) float64 // FGD: higher is better, -Inf: no fit
 //	frag.ChooseGPUs(node Node, req Task, target *Workload) []int
-//	k.Score(node Node, cpuCapacity int64, req Task) float64  // kiln's policy, k := frag.NewKiln(...)
+//	k.Score(node Node, cpuCapacity int64, req Task) float64  // kiln's policy, k := frag.NewKilnFor(...)
 //	k.GPUs(node Node, req Task) []int
 //
 // It builds the target workload once from the requests it has seen with
 // TargetWorkload (or NewWorkload for explicit shapes), and kiln's policy
-// with NewKiln(target, ModelPressure(requests, capacityByModel)). A Memo
+// with NewKilnFor(target, requests, emptyNodes), which extends the target
+// (KilnTarget: memory per shape, scarce shapes) and computes the model
+// pressure, or NewKiln(target, pressure) for a target as it is. A Memo
 // makes repeated scoring of the same node states a map look-up
-// (Memo.FGD, Kiln.ScoreMemo).
+// (Memo.FGD, Kiln.ScoreMemo; a memo of kiln's own target for the latter).
 package frag

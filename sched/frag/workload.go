@@ -184,7 +184,7 @@ func (w *Workload) Waste(n Node) float64 {
 	var f float64
 	for i := range w.Shapes {
 		s := &w.Shapes[i]
-		if !s.WantsGPU() || !s.Accepts(n.Model) || n.CPU < s.CPU {
+		if !s.WantsGPU() || !s.Accepts(n.Model) || n.CPU < s.CPU || n.Memory < s.Memory {
 			f += s.Weight * float64(total)
 			continue
 		}
