@@ -68,6 +68,30 @@ func TestReducedExperiment(t *testing.T) {
 	}
 }
 
+// TestKilnBeatsFGDOnVariants runs FGD and kiln with one seed on the
+// variants where kiln's margin once was thinnest or where its target's
+// extra shapes matter: all GPU tasks fractional (gpushare100), 40% of the
+// GPU demand in multi-GPU tasks (multigpu40) and a third of the GPU tasks
+// bound to GPU models (gpuspec33).
+func TestKilnBeatsFGDOnVariants(t *testing.T) {
+	needTrace(t)
+	for _, name := range []string{"gpushare100", "multigpu40", "gpuspec33"} {
+		tr, err := LoadTrace(traceDir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex, err := Simulate(context.Background(), tr, []string{"fgd", "kiln"}, []int64{42}, DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, k := ex.Summary[0], ex.Summary[1]
+		t.Logf("%s: fgd %.2f/%.2f kiln %.2f/%.2f", name, f.Alloc100Mean, f.Alloc130Mean, k.Alloc100Mean, k.Alloc130Mean)
+		if k.Alloc100Mean < f.Alloc100Mean+0.05 || k.Alloc130Mean < f.Alloc130Mean+0.05 {
+			t.Errorf("%s: kiln %.2f/%.2f does not beat FGD %.2f/%.2f by 0.05 points at 100%%/130%%", name, k.Alloc100Mean, k.Alloc130Mean, f.Alloc100Mean, f.Alloc130Mean)
+		}
+	}
+}
+
 // TestSameSeedSameResult runs FGD twice with one seed and once with
 // another on a reduced workload.
 func TestSameSeedSameResult(t *testing.T) {
@@ -98,7 +122,7 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Replay(context.Background(), tr, []string{"random", "fgd"}, 42, Options{Coverage: 0.95, Speedup: 20000})
+	res, err := Replay(context.Background(), tr, []string{"random", "fgd", "kiln"}, 42, Options{Coverage: 0.95, Speedup: 20000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +134,11 @@ func TestReplay(t *testing.T) {
 	// Random fragments more: more tasks wait.
 	if res[0].Waited <= res[1].Waited {
 		t.Errorf("random queued %d tasks, FGD %d: want random more", res[0].Waited, res[1].Waited)
+	}
+	// kiln keeps the 128-core nodes whole for the 8-GPU tasks that need
+	// 120 cores and 720 GiB: nothing waits longer than under FGD.
+	if k, f := res[2], res[1]; k.Waited > f.Waited || k.MaxWait > f.MaxWait {
+		t.Errorf("kiln queued %d tasks (max wait %s), FGD %d (%s)", k.Waited, human(k.MaxWait), f.Waited, human(f.MaxWait))
 	}
 	var b bytes.Buffer
 	if err := WriteReplayTable(&b, res); err != nil || !strings.Contains(b.String(), "avg GPU alloc") {
