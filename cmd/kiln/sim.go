@@ -34,6 +34,7 @@ type simFlags struct {
 	pngPath  string
 	workers  int
 	speedup  float64
+	markdown bool
 }
 
 func newSimCmd() *cobra.Command {
@@ -84,6 +85,7 @@ Cite the paper when you publish results made with it.`,
   kiln sim --policies fgd,kiln --seeds 42-51 -o json
   kiln sim --pods gpushare40 --policies all --seeds 42,43 --csv curve.csv --png alloc.png
   kiln sim --pods all --policies fgd,kiln
+  kiln sim --pods all --policies fgd,kiln --markdown
   kiln sim --mode replay --policies bestfit,fgd,kiln`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -102,6 +104,7 @@ Cite the paper when you publish results made with it.`,
 	fl.StringVar(&f.csvPath, "csv", "", "write the curves (allocation, fragmentation, unallocated GPUs vs arrived workload) to this CSV file")
 	fl.StringVar(&f.pngPath, "png", "", "draw the allocation curve of each policy into this PNG file")
 	fl.IntVar(&f.workers, "workers", 0, "simulations run at once (0: one per CPU)")
+	fl.BoolVar(&f.markdown, "markdown", false, "inflate: write the results as Markdown tables (per pod list; kiln against FGD when several pod lists ran both) with the wall time")
 	fl.Float64Var(&f.speedup, "speedup", 20000, "replay: arrivals come this many times faster than in the trace, tasks run as long (1 keeps the trace's pace)")
 	return cmd
 }
@@ -133,6 +136,9 @@ func runSim(cmd *cobra.Command, f simFlags) error {
 	if err != nil {
 		return &exitError{code: 3, err: err}
 	}
+	if f.markdown && (f.mode != "inflate" || f.format != "text") {
+		return &exitError{code: 3, err: errors.New("--markdown: only with --mode inflate and the text output")}
+	}
 	opt := sim.Options{Ratio: f.ratio, Coverage: f.coverage, Workers: f.workers, Speedup: f.speedup}
 	start := time.Now()
 	if f.mode == "replay" {
@@ -152,6 +158,9 @@ func runSim(cmd *cobra.Command, f simFlags) error {
 	}
 	if err := writeSimFiles(f, exps); err != nil {
 		return &exitError{code: 3, err: err}
+	}
+	if f.markdown {
+		return sim.WriteMarkdown(out, exps, time.Since(start))
 	}
 	if f.format != "text" {
 		var rows []sim.Row
