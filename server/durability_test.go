@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -134,20 +135,29 @@ func TestKillServerAndAgent(t *testing.T) {
 	pcieAgent := startProc(t, bin, agentArgs...)
 	waitReadyNodes(t, admin, 2)
 
-	// The load: four clients asking for one or two H100s at a time.
+	// The load: four clients asking for one or two H100s at a time, one
+	// request every 40 ms or so, at most 40 each before the kill and 40
+	// after (the queue drains in seconds, not minutes); the kill comes
+	// while they still send.
 	var mu sync.Mutex
 	var acked []string
 	stop := make(chan struct{})
+	var phase atomic.Int32
 	var lw sync.WaitGroup
 	for w := 0; w < 4; w++ {
 		lw.Add(1)
 		go func(w int) {
 			defer lw.Done()
+			var sent [2]int
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
 					return
 				default:
+				}
+				if p := phase.Load(); sent[p] >= 40 {
+					time.Sleep(20 * time.Millisecond)
+					continue
 				}
 				var l api.Lease
 				req := api.LeaseRequest{Project: "default", GPUs: 1 + (i+w)%2, TimeLimitSeconds: 60, Constraints: api.Constraints{Nodes: []string{"hgx"}},
@@ -162,6 +172,8 @@ func TestKillServerAndAgent(t *testing.T) {
 				mu.Lock()
 				acked = append(acked, l.ID)
 				mu.Unlock()
+				sent[phase.Load()]++
+				time.Sleep(40 * time.Millisecond)
 			}
 		}(w)
 	}
@@ -170,6 +182,7 @@ func TestKillServerAndAgent(t *testing.T) {
 	mu.Lock()
 	atKill := len(acked)
 	mu.Unlock()
+	phase.Store(1)
 	time.Sleep(300 * time.Millisecond)
 	srv = startProc(t, bin, serverArgs...)
 	adminClient(t, data)

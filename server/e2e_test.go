@@ -20,7 +20,8 @@ import (
 // agents replaying different recorded machines (8 H100, 8 MI300X, 4 L40S),
 // 200 jobs from three projects with weights 3:2:1, mixed priorities and
 // sizes. Every job runs or is refused with a reason; while all three
-// compete each project's GPU time lands within 10% of its weight's share;
+// compete each project's GPU time lands within 10% of its weight's share
+// (relative: 0.45 to 0.55 for weight 3 of 6);
 // the executors' own ledger shows no GPU held by two jobs at once.
 func TestTwoHundredJobsThreeProjects(t *testing.T) {
 	if testing.Short() {
@@ -192,13 +193,12 @@ func TestTwoHundredJobsThreeProjects(t *testing.T) {
 	var report []string
 	for _, p := range projects {
 		share, want := use[p]/total, weights[p]/wsum
-		report = append(report, fmt.Sprintf("%s %.1f GPU-s = %.3f (weight share %.3f)", p, use[p], share, want))
-		// Within 10 points of its weight's share. (Relative to the share,
-		// the weight-1 project lands within about 25%: with jobs of 1 to 8
-		// GPUs on 20 GPUs and runs of a few seconds, one job is a large
-		// part of its share.)
-		if math.Abs(share-want) > 0.10 {
-			t.Errorf("project %s got %.3f of the GPU time, want %.3f ± 0.10", p, share, want)
+		report = append(report, fmt.Sprintf("%s %.1f GPU-s = %.3f (weight share %.3f, %+.1f%%)", p, use[p], share, want, 100*(share-want)/want))
+		// Within 10% of its weight's share (for the weight-1 project,
+		// 0.150 to 0.183), though one 8-GPU job of a few tenths of a
+		// second is about a fifth of that project's share of the window.
+		if math.Abs(share-want) > 0.10*want {
+			t.Errorf("project %s got %.3f of the GPU time, want %.3f ± 10%%", p, share, want)
 		}
 	}
 	sort.Strings(report)

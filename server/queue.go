@@ -266,35 +266,6 @@ func (s *Server) timeLimit(r api.LeaseRequest) time.Duration {
 	return s.cfg.DefaultTimeLimit
 }
 
-// fairKey orders projects: GPUs held now plus recent usage, per unit of
-// weight. The project furthest below its share goes first.
-func (s *Server) fairKey(ps *projState, now time.Time) float64 {
-	s.decay(ps, now)
-	w := ps.p.Weight
-	if w <= 0 {
-		w = 1
-	}
-	return (ps.held + ps.recent/s.cfg.FairShareWindow.Seconds()) / w
-}
-
-// keyWith is the project's key if it held need more GPUs.
-func (s *Server) keyWith(ps *projState, need float64, now time.Time) float64 {
-	w := ps.p.Weight
-	if w <= 0 {
-		w = 1
-	}
-	return s.fairKey(ps, now) + need/w
-}
-
-func (s *Server) decay(ps *projState, now time.Time) {
-	dt := now.Sub(ps.recentAt).Seconds()
-	if dt <= 0 {
-		return
-	}
-	ps.recent *= math.Exp2(-dt / s.cfg.FairShareWindow.Seconds())
-	ps.recentAt = now
-}
-
 // schedule grants what can be granted: projects take turns by fair share,
 // each project's queue in priority order then arrival; the first lease
 // that cannot be placed holds a reservation that later leases may use only
@@ -333,8 +304,12 @@ func (s *Server) schedule(now time.Time, b *batch) {
 			if next[p] >= len(q) {
 				continue
 			}
+			// The project whose usage per weight would be least halfway
+			// through its next lease goes first: a large lease of a small
+			// share waits until that share fell somewhat behind, so no
+			// project runs ahead or falls behind by more than half a lease.
 			ps := s.project(p)
-			k := s.fairKey(ps, now)
+			k := s.keyWith(ps, q[next[p]].need/2, now)
 			if k < best || (k == best && p < pick) {
 				best, pick = k, p
 			}
@@ -366,7 +341,7 @@ func (s *Server) schedule(now time.Time, b *batch) {
 			s.grant(ls, pl, now, b)
 			continue
 		}
-		if g := s.keyWith(ps, ls.need, now); g < guard {
+		if g := s.fairKey(ps, now); g < guard {
 			guard = g
 		}
 		ls.l.Reason = "waiting: " + err.Error()
@@ -701,7 +676,7 @@ func (s *Server) grant(ls *leaseState, pl Placement, now time.Time, b *batch) {
 		}
 		where = append(where, a.Node+":"+strings.Join(ids, ","))
 	}
-	s.project(l.Project).held += ls.need
+	s.heldSince(s.project(l.Project), ls, t)
 	b.lease(l)
 	b.event("lease.granted", l.ID, l.Project, "granted %s (isolation %s)", strings.Join(where, " "), l.Isolation)
 	for _, js := range ls.jobs {
@@ -838,14 +813,11 @@ func (s *Server) freeDevices(ls *leaseState, node string) {
 // account adds a lease's GPU time to its project's usage.
 func (s *Server) account(ls *leaseState, now time.Time, b *batch) {
 	ps := s.project(ls.l.Project)
-	ps.held -= ls.need
-	if ps.held < 1e-9 {
-		ps.held = 0
-	}
 	if ls.l.GrantedAt == nil {
+		ps.held = max(ps.held-ls.need, 0)
 		return
 	}
-	sec := ls.need * now.Sub(*ls.l.GrantedAt).Seconds()
+	sec := s.released(ps, ls, *ls.l.GrantedAt, now)
 	s.decay(ps, now)
 	ps.recent += sec
 	period := periodStart(now, ps.p.PeriodSeconds)

@@ -130,14 +130,19 @@ type Server struct {
 	refusals   map[string]string      // the refusal of each request shape while empty stays
 	jobs       map[string]*jobState   // live jobs
 	seq        int64
-	wseq       uint64                 // sequence number of the last changes handed to cm
-	heads      []string               // leases holding backfill reservations, one per project at most
-	reserved   []unitRef              // devices reserved for heads
-	claiming   map[string]*leaseState // leases that claimed devices of preempted ones
-	order      []string               // queued leases in grant order, from the last pass
-	est        map[string]time.Time
-	estAt      time.Time
-	changed    chan struct{} // closed and replaced on every change (lease watchers)
+	// started anchors the fair-share sums; length is the typical lease
+	// length in seconds, learnt from lengthN ended leases (fairshare.go).
+	started  time.Time
+	length   float64
+	lengthN  int
+	wseq     uint64                 // sequence number of the last changes handed to cm
+	heads    []string               // leases holding backfill reservations, one per project at most
+	reserved []unitRef              // devices reserved for heads
+	claiming map[string]*leaseState // leases that claimed devices of preempted ones
+	order    []string               // queued leases in grant order, from the last pass
+	est      map[string]time.Time
+	estAt    time.Time
+	changed  chan struct{} // closed and replaced on every change (lease watchers)
 
 	stop   context.CancelFunc
 	loopWG sync.WaitGroup
@@ -166,7 +171,8 @@ type tokenInfo struct {
 type projState struct {
 	p        api.Project
 	held     float64 // GPU equivalents held now
-	recent   float64 // decayed GPU-seconds
+	startSum float64 // sum of need x grant time (Server.rel) of the leases held
+	recent   float64 // decayed GPU-seconds of ended leases
 	recentAt time.Time
 	period   time.Time // start of the quota period
 	used     float64   // GPU-seconds of leases ended in the period
@@ -251,7 +257,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger,
+	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger, started: time.Now(),
 		logs:     newLogHub(filepath.Join(cfg.DataDir, "logs")),
 		agents:   map[string]*nodeState{},
 		users:    map[string]*userInfo{},
@@ -432,8 +438,8 @@ func (s *Server) load(ctx context.Context) error {
 				s.redraw(n)
 			}
 			if l.State == api.LeaseGranted || l.State == api.LeaseStopping {
-				if ps := s.projects[l.Project]; ps != nil {
-					ps.held += ls.need
+				if ps := s.projects[l.Project]; ps != nil && l.GrantedAt != nil {
+					s.heldSince(ps, ls, *l.GrantedAt)
 				}
 			}
 			if l.State == api.LeaseStopping {
