@@ -65,7 +65,7 @@ const (
 	// this share of the GPU capacity is scarce; scarceWeight scales its
 	// popularity by how scarce it is.
 	scarceShare  = 0.25
-	scarceWeight = 0.3
+	scarceWeight = 0.6
 )
 
 // NewKiln returns kiln's policy for a target workload and model pressure,
@@ -113,8 +113,8 @@ func SmallestShare(tasks []Task) int32 {
 // KilnTarget extends a target workload for kiln: every shape gets the
 // median host memory of the tasks of that shape, and the shapes that fit,
 // on empty nodes, on less than a quarter of the cluster's GPU capacity are
-// added with their popularity times 0.3 over that share (a shape that fits
-// on 5% of the capacity counts six times its popularity), so that the
+// added with their popularity times 0.6 over that share (a shape that fits
+// on 5% of the capacity counts twelve times its popularity), so that the
 // nodes they need are kept for them.
 func KilnTarget(base *Workload, tasks []Task, capacities []Node) *Workload {
 	mem := map[shapeKey][]int64{}

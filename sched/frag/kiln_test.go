@@ -85,8 +85,8 @@ func TestKilnTarget(t *testing.T) {
 	if s.GPUs != 8 || s.CPU != 120000 || s.Memory != 700<<10 {
 		t.Errorf("scarce shape %+v", s)
 	}
-	// Popularity 1/91, times 0.3 / 0.2; then both renormalised.
-	p := 1.0 / 91 * 0.3 / 0.2
+	// Popularity 1/91, times 0.6 / 0.2; then both renormalised.
+	p := 1.0 / 91 * 0.6 / 0.2
 	if want := p / (1 + p); !near(s.Weight, want) {
 		t.Errorf("scarce weight %v, want %v", s.Weight, want)
 	}
