@@ -36,7 +36,11 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	if testing.Short() {
 		agents = 100
 	}
-	c := newCluster(b, server.Config{HeartbeatTimeout: 30 * time.Second})
+	cfg := server.Config{HeartbeatTimeout: 30 * time.Second}
+	if os.Getenv("KILN_BENCH_PLACER") == "first-fit" {
+		cfg.Placer = server.FirstFit{}
+	}
+	c := newCluster(b, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	snap := func(i int) *snapshot.Snapshot {

@@ -124,13 +124,31 @@ func (s *Server) flushWait(b *batch) error {
 	return s.durable(seq)
 }
 
-// views returns the placement view of every ready node, rebuilt where
-// something changed.
+// views returns the placement view of every ready node. The list is kept:
+// a node that changed gets a new view in its place; the list is made again
+// only when a node joins, becomes ready or is lost.
 func (s *Server) views() []*NodeView {
-	if !s.viewsStale && s.viewList != nil && len(s.nodeCache) == len(s.nodes) {
-		return s.viewList
+	if s.viewList != nil && len(s.nodeCache) == len(s.nodes) && s.viewPos != nil {
+		whole := false
+		for _, n := range s.redrawn {
+			pos, listed := s.viewPos[n]
+			if listed != (n.rec.Node.State == api.NodeReady) {
+				whole = true
+				break
+			}
+			if listed && n.dirty {
+				n.view = s.buildView(n, nil)
+				n.dirty = false
+				s.viewList[pos] = n.view
+			}
+		}
+		if !whole {
+			s.redrawn = s.redrawn[:0]
+			return s.viewList
+		}
 	}
 	out := make([]*NodeView, 0, len(s.nodes))
+	s.viewPos = make(map[*nodeState]int, len(s.nodes))
 	for _, n := range s.nodeList() {
 		if n.rec.Node.State != api.NodeReady {
 			continue
@@ -139,16 +157,21 @@ func (s *Server) views() []*NodeView {
 			n.view = s.buildView(n, nil)
 			n.dirty = false
 		}
+		s.viewPos[n] = len(out)
 		out = append(out, n.view)
 	}
-	s.viewList, s.viewsStale = out, false
+	s.viewList, s.redrawn = out, s.redrawn[:0]
 	return out
 }
 
 // redraw marks a node's view out of date.
 func (s *Server) redraw(n *nodeState) {
 	n.dirty = true
-	s.viewsStale = true
+	if len(s.redrawn) > 4*len(s.nodes)+64 {
+		s.viewPos, s.redrawn = nil, s.redrawn[:0] // make the list again
+		return
+	}
+	s.redrawn = append(s.redrawn, n)
 }
 
 // nodeList is every node sorted by id; kept until a node joins.

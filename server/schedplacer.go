@@ -65,9 +65,13 @@ type schedNode struct {
 	// instance (device, GI) to the view's device; profiles are the MIG
 	// profiles of the view's instances as sched reads them (the snapshot
 	// may name none).
-	dev      []int
-	migs     map[[2]int]int
-	profiles map[int]string
+	dev       []int
+	migs      map[[2]int]int
+	profiles  map[int]string
+	instances [][]migUnit // per sched device
+	// mapSnap and mapLen are what the maps were made for.
+	mapSnap *snapshot.Snapshot
+	mapLen  int
 }
 
 type devHold struct {
@@ -229,6 +233,7 @@ func (p *SchedPlacer) rebuild() error {
 	ids := make([]string, 0, len(p.nodes))
 	for id, sn := range p.nodes {
 		sn.index, sn.view, sn.held, sn.committed = -1, nil, nil, false
+		sn.dev = nil
 		if sn.node != nil {
 			ids = append(ids, id)
 		}
@@ -254,13 +259,20 @@ func (p *SchedPlacer) rebuild() error {
 	return nil
 }
 
-// hold makes the node's allocation in the state what view v shows as
-// held.
-func (p *SchedPlacer) hold(sn *schedNode, v *NodeView) error {
+// mapDevices works out which of the view's devices each sched device is
+// (by PCI address, else by index), and which view device each existing
+// MIG instance is. It depends only on the snapshot and the view's list of
+// devices, so it is kept until either changes.
+func (sn *schedNode) mapDevices(v *NodeView) {
+	if sn.mapSnap == v.Snapshot && sn.mapLen == len(v.Devices) && sn.dev != nil {
+		return
+	}
 	n := sn.node
+	sn.mapSnap, sn.mapLen = v.Snapshot, len(v.Devices)
 	sn.dev = make([]int, len(n.Devices))
 	sn.migs = map[[2]int]int{}
 	sn.profiles = map[int]string{}
+	sn.instances = make([][]migUnit, len(n.Devices))
 	byPCI := map[string]int{}
 	byIndex := map[int]int{}
 	for i := range v.Devices {
@@ -276,7 +288,6 @@ func (p *SchedPlacer) hold(sn *schedNode, v *NodeView) error {
 		}
 	}
 	order := snapIndexes(sn.snap)
-	want := make([]devHold, len(n.Devices))
 	for k := range n.Devices {
 		sd := &n.Devices[k]
 		vi, ok := -1, false
@@ -290,6 +301,45 @@ func (p *SchedPlacer) hold(sn *schedNode, v *NodeView) error {
 			vi = -1
 		}
 		sn.dev[k] = vi
+		if vi < 0 || !sd.MIGEnabled {
+			continue
+		}
+		parent := v.Devices[vi].ID
+		for i := range v.Devices {
+			if v.Devices[i].Parent != parent {
+				continue
+			}
+			gi, ok := migGI(v.Devices[i].ID)
+			if !ok {
+				continue
+			}
+			for _, mi := range sd.MIGInstances {
+				if mi.GI == gi {
+					sn.migs[[2]int{k, gi}] = i
+					sn.profiles[i] = mi.Profile
+					sn.instances[k] = append(sn.instances[k], migUnit{view: i,
+						slot: sched.Slot{Profile: mi.Profile, Start: mi.Start, Size: mi.Size, Compute: mi.Compute, Existing: gi}})
+				}
+			}
+		}
+	}
+}
+
+// migUnit is an existing MIG instance: its place in the view and its slot.
+type migUnit struct {
+	view int
+	slot sched.Slot
+}
+
+// hold makes the node's allocation in the state what view v shows as
+// held.
+func (p *SchedPlacer) hold(sn *schedNode, v *NodeView) error {
+	n := sn.node
+	sn.mapDevices(v)
+	want := make([]devHold, len(n.Devices))
+	for k := range n.Devices {
+		sd := &n.Devices[k]
+		vi := sn.dev[k]
 		if vi < 0 {
 			// The view does not show the GPU: keep it out of reach.
 			if !sd.MIGEnabled {
@@ -297,30 +347,15 @@ func (p *SchedPlacer) hold(sn *schedNode, v *NodeView) error {
 			}
 			continue
 		}
-		d := &v.Devices[vi]
 		if sd.MIGEnabled {
-			for i := range v.Devices {
-				in := &v.Devices[i]
-				if in.Parent != d.ID {
-					continue
-				}
-				gi, ok := migGI(in.ID)
-				if !ok {
-					continue
-				}
-				for _, mi := range sd.MIGInstances {
-					if mi.GI != gi {
-						continue
-					}
-					sn.migs[[2]int{k, gi}] = i
-					sn.profiles[i] = mi.Profile
-					if !in.Usable || !in.Whole {
-						want[k].slots = append(want[k].slots, sched.Slot{Profile: mi.Profile, Start: mi.Start, Size: mi.Size, Compute: mi.Compute, Existing: gi})
-					}
+			for _, in := range sn.instances[k] {
+				if d := &v.Devices[in.view]; !d.Usable || !d.Whole {
+					want[k].slots = append(want[k].slots, in.slot)
 				}
 			}
 			continue
 		}
+		d := &v.Devices[vi]
 		if !d.Usable {
 			want[k] = devHold{milli: 1000, mem: sd.MemoryBytes}
 			continue

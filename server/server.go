@@ -120,16 +120,18 @@ type Server struct {
 	projects  map[string]*projState
 	nodes     map[string]*nodeState
 	nodeCache []*nodeState
-	// viewList is the views of the ready nodes, kept until a node changes
-	// (viewsStale); callers must not change it.
-	viewList   []*NodeView
-	viewsStale bool
-	leases     map[string]*leaseState // live leases and lost ones still holding devices
-	holding    map[string]*leaseState // lost leases still holding devices
-	empty      []*NodeView            // every node as if idle, for refusals
-	refusals   map[string]string      // the refusal of each request shape while empty stays
-	jobs       map[string]*jobState   // live jobs
-	seq        int64
+	// viewList is the views of the ready nodes, by node id (viewPos: a
+	// node's place in it); redrawn are the nodes whose view is out of date.
+	// Callers must not change the list.
+	viewList []*NodeView
+	viewPos  map[*nodeState]int
+	redrawn  []*nodeState
+	leases   map[string]*leaseState // live leases and lost ones still holding devices
+	holding  map[string]*leaseState // lost leases still holding devices
+	empty    []*NodeView            // every node as if idle, for refusals
+	refusals map[string]string      // the refusal of each request shape while empty stays
+	jobs     map[string]*jobState   // live jobs
+	seq      int64
 	// started anchors the fair-share sums; length is the typical lease
 	// length in seconds, learnt from lengthN ended leases (fairshare.go).
 	started  time.Time
