@@ -55,7 +55,7 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		n.rec.CertSHA256 = fp
 		n.touch(now)
 		s.addAgent(n)
-		b.nodes[req.Node] = n
+		b.node(n)
 		b.event("node.joined", req.Node, "", "node %s joined", req.Node)
 		seq, err := s.flush(b)
 		if err != nil {
@@ -89,7 +89,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		wasLost := n.rec.Node.State != api.NodeReady
 		n.rec.Node.State = api.NodeReady
 		n.rec.Node.LastSeen = now.UTC()
-		b.nodes[node] = n
+		b.node(n)
 		s.empty = nil
 		if wasLost {
 			b.event("node.ready", node, "", "node %s registered with %d GPUs%s", node, len(req.Snapshot.GPUs), drains)
@@ -623,7 +623,7 @@ func (s *Server) nodeLost(n *nodeState, now time.Time, b *batch) {
 	n.rec.Node.State = api.NodeLost
 	n.idle.Store(false)
 	s.redraw(n)
-	b.nodes[node] = n
+	b.node(n)
 	b.event("node.lost", node, "", "node %s sent no heartbeat for %s", node, s.cfg.HeartbeatTimeout)
 	for _, ls := range s.leases {
 		if ls.l.State != api.LeaseGranted && ls.l.State != api.LeaseStopping {

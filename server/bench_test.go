@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
 	"sort"
 	"sync"
@@ -38,6 +39,10 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	agents := 1000
 	if testing.Short() {
 		agents = 100
+	}
+	// The server runs with the collector kiln server sets (server.TuneGC).
+	if os.Getenv("GOGC") == "" {
+		defer debug.SetGCPercent(debug.SetGCPercent(server.GCPercent))
 	}
 	cfg := server.Config{HeartbeatTimeout: 30 * time.Second}
 	if os.Getenv("KILN_BENCH_PLACER") == "first-fit" {

@@ -33,12 +33,30 @@ type usageRow struct {
 	seconds float64
 }
 
-func newBatch() *batch {
-	return &batch{leases: map[string]*api.Lease{}, jobs: map[string]*api.Job{}, nodes: map[string]*nodeState{}}
+// newBatch returns an empty batch; its maps are made on first use (most
+// heartbeats change nothing).
+func newBatch() *batch { return &batch{} }
+
+func (b *batch) lease(l *api.Lease) {
+	if b.leases == nil {
+		b.leases = map[string]*api.Lease{}
+	}
+	b.leases[l.ID] = l
 }
 
-func (b *batch) lease(l *api.Lease) { b.leases[l.ID] = l }
-func (b *batch) job(j *api.Job)     { b.jobs[j.ID] = j }
+func (b *batch) job(j *api.Job) {
+	if b.jobs == nil {
+		b.jobs = map[string]*api.Job{}
+	}
+	b.jobs[j.ID] = j
+}
+
+func (b *batch) node(n *nodeState) {
+	if b.nodes == nil {
+		b.nodes = map[string]*nodeState{}
+	}
+	b.nodes[n.rec.Node.ID] = n
+}
 func (b *batch) event(kind, subject, project, format string, args ...any) {
 	b.events = append(b.events, api.Event{At: time.Now(), Kind: kind, Subject: subject, Project: project, Message: fmt.Sprintf(format, args...)})
 }

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"sync"
@@ -612,4 +613,19 @@ func (n *nodeState) poke() {
 
 func newID(prefix string) string {
 	return prefix + strconv.FormatInt(time.Now().UnixMilli()%1e9, 36) + randHex(5)
+}
+
+// GCPercent is the garbage collector's target kiln server runs with when
+// GOGC is not set: its heap is mostly long-lived state (nodes, views,
+// leases) and each request makes little garbage, so collecting at 400%
+// growth instead of Go's 100% spends a quarter of the CPU on it and
+// keeps pauses off the tail latency. TuneGC applies it.
+const GCPercent = 400
+
+// TuneGC sets the garbage collector for a server process unless the GOGC
+// environment variable chose already.
+func TuneGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(GCPercent)
+	}
 }

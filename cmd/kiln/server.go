@@ -146,6 +146,7 @@ func (f *serverFlags) start(ctx context.Context, log *slog.Logger) (*server.Serv
 		}
 		url = "https://" + net.JoinHostPort(host, port)
 	}
+	server.TuneGC()
 	srv, err := server.New(ctx, server.Config{
 		DataDir: f.data, URL: url, Hosts: f.hosts, HeartbeatTimeout: f.heartbeatTimeout,
 		DefaultTimeLimit: f.defaultLimit, MaxTimeLimit: f.maxLimit, PreemptGrace: f.grace,
