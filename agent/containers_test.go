@@ -134,9 +134,6 @@ func buildKiln(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kiln")
 	cmd := exec.Command("go", "build", "-o", bin, "../cmd/kiln")
-	// Without cgo the kiln binary has the containerd client (with cgo it
-	// has the NVML binding instead, which cannot be linked beside it).
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building kiln: %v\n%s", err, out)
 	}

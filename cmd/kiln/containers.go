@@ -1,5 +1,3 @@
-//go:build !cgo || kiln_containerd
-
 package main
 
 import (

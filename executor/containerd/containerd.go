@@ -20,8 +20,8 @@ import (
 	"sort"
 	"time"
 
-	client "github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
+	client "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"kiln.dev/kiln/cdi"
 	"kiln.dev/kiln/executor"

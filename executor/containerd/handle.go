@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	client "github.com/containerd/containerd"
-	"github.com/containerd/containerd/errdefs"
+	client "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"kiln.dev/kiln/executor"

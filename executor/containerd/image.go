@@ -7,9 +7,10 @@ import (
 	"slices"
 	"strings"
 
-	client "github.com/containerd/containerd"
-	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/remotes/docker"
+	client "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
 )
 
@@ -91,5 +92,5 @@ func (e *Executor) snapshotter() string {
 	if e.cfg.Snapshotter != "" {
 		return e.cfg.Snapshotter
 	}
-	return client.DefaultSnapshotter
+	return defaults.DefaultSnapshotter
 }

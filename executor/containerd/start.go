@@ -6,9 +6,9 @@ import (
 	"os"
 	"time"
 
-	client "github.com/containerd/containerd"
-	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/identifiers"
+	client "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/identifiers"
 
 	"kiln.dev/kiln/executor"
 )

@@ -24,8 +24,8 @@ import (
 	"testing"
 	"time"
 
-	client "github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
+	client "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 )
 
 // sbinPath is added to PATH: Debian installs runc in /usr/sbin, which a
@@ -217,7 +217,7 @@ func waitForDaemon(address string, exited <-chan error) (*client.Client, error) 
 func snapshotter(c *client.Client) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := c.IntrospectionService().Plugins(ctx, []string{`type=="io.containerd.snapshotter.v1"`})
+	resp, err := c.IntrospectionService().Plugins(ctx, `type=="io.containerd.snapshotter.v1"`)
 	if err != nil {
 		return "", fmt.Errorf("listing containerd's snapshotters: %w", err)
 	}
