@@ -10,14 +10,10 @@
 //
 //   - kiln: sched.TopologyPicker (slowest pair fastest, then keep
 //     well-connected free sets whole).
-//   - best-effort: a re-implementation written for this benchmark from the
-//     documented behaviour of NVIDIA's go-gpuallocator BestEffort policy
-//     (its README: "allocate GPUs in topological order, considering both
-//     NVLINKs between GPUs and their placement in the PCIe hierarchy ...
-//     optimized to assume that all future allocations will be of size
-//     'num'"). The library itself is not used: the Go module proxy refuses
-//     github.com/NVIDIA/go-gpuallocator. No code of it was copied; the
-//     scoring of link classes below is kiln's own.
+//   - gpuallocator: NVIDIA's github.com/NVIDIA/go-gpuallocator v0.6.0,
+//     used as a library: its BestEffort policy (the one NVIDIA's Kubernetes
+//     device plugin uses) allocates from devices built out of kiln's
+//     topology of the same layout (nvidia.go).
 //   - random: a uniformly random set of free GPUs.
 //
 // Whether a job fits depends only on how many GPUs are free, so all three
@@ -29,7 +25,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"math/bits"
 	"math/rand/v2"
 	"os"
 	"text/tabwriter"
@@ -64,34 +59,52 @@ type result struct {
 	accepted                    int
 }
 
-func run(seeds, jobs int, load float64) error {
-	pickers := []picker{
-		{"kiln", sched.TopologyPicker{}},
-		{"best-effort", bestEffort{}},
-		{"random", nil},
+// layout is one server layout as a one-node cluster, with the library's
+// picker for it.
+type layout struct {
+	c      *sched.Cluster
+	node   *sched.Node
+	t      *sched.Topology
+	all    uint64 // every GPU of the node
+	nvidia *nvidiaPicker
+}
+
+func newLayout(sh shapes.Shape) (*layout, error) {
+	s := sh.Build(sh.Name)
+	m, err := topo.Build(s, kb.Default())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", sh.Name, err)
 	}
+	node, err := sched.NodeFromSnapshot(s, m, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", sh.Name, err)
+	}
+	c, err := sched.NewCluster([]*sched.Node{node})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", sh.Name, err)
+	}
+	nv, err := newNVIDIAPicker(s, node, kb.Default())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", sh.Name, err)
+	}
+	return &layout{c: c, node: node, t: c.Topology(0), all: uint64(1)<<len(node.Devices) - 1, nvidia: nv}, nil
+}
+
+func run(seeds, jobs int, load float64) error {
+	names := []string{"kiln", "gpuallocator", "random"}
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "layout\tjob GPUs\tbest class\tjobs placed\t")
-	for _, p := range pickers {
-		fmt.Fprintf(w, "%s\t", p.name)
+	for _, n := range names {
+		fmt.Fprintf(w, "%s\t", n)
 	}
-	fmt.Fprintf(w, "%s (vs free GPUs)\t\n", pickers[0].name)
+	fmt.Fprintf(w, "%s (vs free GPUs)\t\n", names[0])
 	for _, sh := range shapes.All() {
-		s := sh.Build(sh.Name)
-		m, err := topo.Build(s, kb.Default())
+		l, err := newLayout(sh)
 		if err != nil {
 			return err
 		}
-		node, err := sched.NodeFromSnapshot(s, m, nil)
-		if err != nil {
-			return err
-		}
-		c, err := sched.NewCluster([]*sched.Node{node})
-		if err != nil {
-			return err
-		}
-		t := c.Topology(0)
-		all := uint64(1)<<len(node.Devices) - 1
+		c, t, all, node := l.c, l.t, l.all, l.node
+		pickers := []picker{{names[0], sched.TopologyPicker{}}, {names[1], l.nvidia}, {names[2], nil}}
 		results := make([]result, len(pickers))
 		for i, p := range pickers {
 			r := result{placed: map[int]int{}, bestLayout: map[int]int{}, bestNow: map[int]int{}}
@@ -136,9 +149,9 @@ func run(seeds, jobs int, load float64) error {
 		"%d seeds x %d jobs per layout; job sizes 1/2/4/8 GPUs at 40/30/20/10 %% (sizes above the node's\n"+
 		"GPU count are not drawn); exponential durations for an offered load of %.0f %% of the GPUs;\n"+
 		"a job that does not fit is dropped.\n"+
-		"best-effort: kiln's re-implementation of the documented behaviour of NVIDIA go-gpuallocator's\n"+
-		"BestEffort policy (the module proxy refuses github.com/NVIDIA/go-gpuallocator, so the library\n"+
-		"is not used; no code of it is copied).\n", seeds, jobs, 100*load)
+		"gpuallocator: the BestEffort policy of NVIDIA's github.com/NVIDIA/go-gpuallocator v0.6.0 (the\n"+
+		"library, as NVIDIA's device plugin uses it), given kiln's topology of each layout as NVML would\n"+
+		"report it: the PCIe level of every pair plus the NVLinks bonded between them.\n", seeds, jobs, 100*load)
 	for _, sh := range shapes.All() {
 		fmt.Printf("  %-16s %s\n", sh.Name, sh.Describe)
 	}
@@ -253,87 +266,4 @@ func stream(c *sched.Cluster, pk sched.Picker, seed uint64, jobs int, load float
 		}
 	}
 	return nil
-}
-
-// bestEffort follows the documented behaviour of go-gpuallocator's
-// BestEffort policy: split the free GPUs into groups of the requested size
-// so that the links inside the groups are as good as possible in total, as
-// if every later request had that size too, and hand out the best group.
-// One GPU is the first free one. A pair is worth more the better its link
-// (kiln's rank: more NVLinks, then PIX, PXB, PHB, NODE, SYS).
-type bestEffort struct{}
-
-func (bestEffort) Pick(t *sched.Topology, free uint64, k int, loc sched.Locality) (uint64, bool) {
-	n := bits.OnesCount64(free)
-	if k <= 0 || n < k {
-		return 0, false
-	}
-	if loc != (sched.Locality{}) {
-		return sched.TopologyPicker{}.Pick(t, free, k, loc)
-	}
-	if k == 1 {
-		return free & -free, true
-	}
-	b := &partition{t: t, k: k, bestTotal: -1}
-	b.split(free, n%k, 0, nil)
-	return b.group, b.group != 0
-}
-
-// partition searches the ways to split the free GPUs into groups of k
-// (with n mod k GPUs left over) for the best total worth.
-type partition struct {
-	t         *sched.Topology
-	k         int
-	bestTotal int
-	group     uint64
-}
-
-// worth adds up the pairs of a group, a better link worth more.
-func (p *partition) worth(set uint64) int {
-	w := 0
-	for x := set; x != 0; x &= x - 1 {
-		i := bits.TrailingZeros64(x)
-		for y := x & (x - 1); y != 0; y &= y - 1 {
-			w += 1000 - p.t.Rank(i, bits.TrailingZeros64(y))
-		}
-	}
-	return w
-}
-
-func (p *partition) split(left uint64, spare, total int, groups []uint64) {
-	if c := bits.OnesCount64(left); c < p.k {
-		if c > spare {
-			return
-		}
-		if total > p.bestTotal {
-			p.bestTotal = total
-			bw := -1
-			for _, g := range groups {
-				if w := p.worth(g); w > bw {
-					p.group, bw = g, w
-				}
-			}
-		}
-		return
-	}
-	first := left & -left
-	rest := left &^ first
-	if spare > 0 {
-		p.split(rest, spare-1, total, groups)
-	}
-	var cand []uint64
-	for x := rest; x != 0; x &= x - 1 {
-		cand = append(cand, x&-x)
-	}
-	var choose func(from int, g uint64, need int)
-	choose = func(from int, g uint64, need int) {
-		if need == 0 {
-			p.split(left&^g, spare, total+p.worth(g), append(groups, g))
-			return
-		}
-		for i := from; i <= len(cand)-need; i++ {
-			choose(i+1, g|cand[i], need-1)
-		}
-	}
-	choose(0, first, p.k-1)
 }
