@@ -337,7 +337,7 @@ func (s *Server) schedule(now time.Time, b *batch) {
 	// guard is the fair-share key that the most deprived blocked project
 	// would reach with its blocked lease; others may take GPUs beside it
 	// (backfill) only while they stay below that.
-	guard := math.Inf(1)
+	guard, guardProject := math.Inf(1), ""
 	for {
 		var pick string
 		best := math.Inf(1)
@@ -374,6 +374,9 @@ func (s *Server) schedule(now time.Time, b *batch) {
 		}
 		if after := s.keyWith(ps, ls.need, now); after > guard+1e-9 {
 			ls.l.Reason = "waiting: its project is above its fair share while a project below it waits"
+			if pick == guardProject {
+				ls.l.Reason = "waiting: behind a lease of its own project that cannot be placed yet"
+			}
 			order = append(order, ls.l.ID)
 			continue
 		}
@@ -383,7 +386,7 @@ func (s *Server) schedule(now time.Time, b *batch) {
 			continue
 		}
 		if g := s.fairKey(ps, now); g < guard {
-			guard = g
+			guard, guardProject = g, pick
 		}
 		ls.l.Reason = "waiting: " + err.Error()
 		order = append(order, ls.l.ID)
