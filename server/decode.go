@@ -96,7 +96,8 @@ func checkLeaseRequest(r *api.LeaseRequest) error {
 	}
 	if r.MIG != "" {
 		kinds++
-		if len(r.MIG) > 128 || strings.ContainsAny(r.MIG, " \t\n/") {
+		// "/" only in a MIG device name such as MIG-GPU-<uuid>/3/0.
+		if len(r.MIG) > 128 || strings.ContainsAny(r.MIG, " \t\n") || (strings.Contains(r.MIG, "/") && !strings.HasPrefix(strings.ToUpper(r.MIG), "MIG-")) {
 			return fmt.Errorf("mig %q: want a profile such as 1g.10gb or a MIG device UUID", trunc(r.MIG))
 		}
 	}

@@ -55,7 +55,7 @@ func devicesOf(s *snapshot.Snapshot, k *kb.KB) []api.Device {
 					Architecture:      g.Architecture,
 					ComputeCapability: g.ComputeCapability,
 					PCIAddress:        g.PCIAddress,
-					UUID:              in.UUID,
+					UUID:              migUUID(g.UUID, in),
 					MemoryBytes:       in.MemoryBytes,
 					NUMANode:          g.NUMANode,
 					Island:            d.Island,
@@ -69,6 +69,18 @@ func devicesOf(s *snapshot.Snapshot, k *kb.KB) []api.Device {
 		out = append(out, d)
 	}
 	return out
+}
+
+// migUUID names a MIG device for CUDA_VISIBLE_DEVICES: its own MIG UUID,
+// else (nvidia-smi -q and its XML name none) the form CUDA also
+// accepts, MIG-<GPU UUID>/<GPU instance>/<compute instance>. A job given
+// the GPU's index instead would see the wrong device. Empty when neither
+// UUID is known.
+func migUUID(gpuUUID string, in snapshot.MIGInstance) string {
+	if in.UUID != "" || gpuUUID == "" {
+		return in.UUID
+	}
+	return fmt.Sprintf("MIG-%s/%d/%d", gpuUUID, in.GPUInstance, in.ComputeInstance)
 }
 
 // fractionIsolation is the strongest sharing a GPU supports without MIG:

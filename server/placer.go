@@ -227,7 +227,8 @@ func placeFraction(req Request, nodes []*NodeView) (Placement, error) {
 			var rank int
 			switch {
 			case d.Parent != "": // a MIG instance: hardware isolation
-				if !d.Whole || req.MemoryBytes == 0 || d.MemoryBytes < req.MemoryBytes || migMilli(d.MIGProfile) < req.MilliGPU {
+				// A fraction that names no memory gets the instance's.
+				if !d.Whole || d.MemoryBytes < req.MemoryBytes || migMilli(d.MIGProfile) < req.MilliGPU {
 					continue
 				}
 				rank = 0
@@ -322,6 +323,9 @@ func describe(c api.Constraints) string {
 	}
 	if c.SameNUMA {
 		parts = append(parts, "on one NUMA node")
+	}
+	if c.Gang {
+		parts = append(parts, "as a gang across nodes")
 	}
 	if len(c.Nodes) > 0 {
 		sort.Strings(c.Nodes)
