@@ -276,7 +276,7 @@ func TestGangAcrossNodes(t *testing.T) {
 	if g2.State != api.LeaseQueued || g2.QueuePosition != 1 || g2.Reason == "" {
 		t.Errorf("gang with a member GPU busy: %s, position %d, reason %q; want queued first with a reason", g2.State, g2.QueuePosition, g2.Reason)
 	}
-	if !strings.Contains(g2.Reason, "16 free GPUs (model H100, as a gang across nodes)") {
+	if !strings.Contains(g2.Reason, "16 free GPUs (model H100, as a gang across nodes)") || !strings.Contains(g2.Reason, "the gang found room for 15 on 2 node(s)") {
 		t.Errorf("waiting gang's reason %q does not say it waits for 16 H100s as a gang", g2.Reason)
 	}
 	if len(g2.Allocations) != 0 || g2.GrantedAt != nil {

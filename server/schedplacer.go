@@ -514,6 +514,7 @@ func (p *SchedPlacer) placeWhole(sc *sched.Scheduler, req Request) (Placement, e
 	var plan sched.Plan
 	for left > 0 {
 		placed := false
+		var last error
 		for k := min(left, sched.MaxDevices); k >= 1; k-- {
 			g := sched.Gang{ID: "gang"}
 			for i, n := range append(append([]int(nil), parts...), k) {
@@ -526,9 +527,11 @@ func (p *SchedPlacer) placeWhole(sc *sched.Scheduler, req Request) (Placement, e
 				parts, plan, left, placed = append(parts, k), pl, left-k, true
 				break
 			}
+			last = err
 		}
 		if !placed {
-			return Placement{}, noFit(req, err)
+			return Placement{}, &NoFit{Reason: fmt.Sprintf("no set of nodes has %d free GPUs%s: the gang found room for %d on %d node(s) and no node for 1 more (%v)",
+				req.GPUs, describe(req.Constraints), req.GPUs-left, len(parts), last)}
 		}
 	}
 	return p.placement(plan.Allocations), nil
