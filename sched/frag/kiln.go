@@ -27,11 +27,12 @@ import (
 //     DeadWeight times the GPU capacity it leaves that no popular share can
 //     fill (a 230 on a GPU with 350 free leaves 120 that only rare small
 //     tasks use; a 320 there leaves 30).
-//   - Among nodes of equal score: a task with GPUs prefers nodes whose CPU
-//     per GPU matches its own, less the pressure of model-constrained tasks
-//     on the node's GPU model (Pressure) when it accepts any model; a task
-//     without GPUs prefers nodes with the most CPU per GPU; then the exact
-//     reduction decides.
+//   - Among nodes of equal score: a task with GPUs avoids nodes it would
+//     leave with less CPU than their free GPUs need (CPUReserve), and
+//     otherwise prefers nodes whose CPU per GPU matches its own, less the
+//     pressure of model-constrained tasks on the node's GPU model
+//     (Pressure) when it accepts any model; a task without GPUs prefers
+//     nodes with the most CPU per GPU; then the exact reduction decides.
 //
 // The remaining ties are left to the caller (the simulator, like the
 // authors', takes the node that comes first in a fixed random order).
@@ -48,6 +49,14 @@ type Kiln struct {
 	// DeadWeight weighs the capacity a fractional placement leaves that no
 	// popular share can fill against FGD's reduction; 0 turns it off.
 	DeadWeight float64
+	// CPUReserve is the CPU, in milli-cores per milli-GPU, that a node
+	// should keep for each milli-GPU it has free: what the GPU tasks ask
+	// for on average. A task with GPUs that would leave a node below it
+	// (its reserve capped at the node's own CPU per GPU) ranks below the
+	// nodes it leaves enough CPU, so that GPUs are not stranded on nodes
+	// whose CPU ran out. 0 turns it off; NewKilnFor turns it off when CPU,
+	// not GPU, is what the workload runs out of.
+	CPUReserve float64
 
 	// dead[r] is the part of r free milli-GPU that sums of the target's
 	// popular one-GPU shares do not fill (see deadTable).
@@ -66,6 +75,13 @@ const (
 	// popularity by how scarce it is.
 	scarceShare  = 0.25
 	scarceWeight = 0.6
+	// cpuBound: when the tasks ask for a share of the cluster's CPU above
+	// cpuBound times the share of its GPU capacity they ask for, CPU is the
+	// scarce resource and NewKilnFor leaves CPUReserve off.
+	cpuBound = 0.97
+	// reserveSlope maps a CPU shortfall (milli-cores below the reserve)
+	// into the resource-fit key: 128 cores below is the bottom.
+	reserveSlope = 128000
 )
 
 // NewKiln returns kiln's policy for a target workload and model pressure,
@@ -85,7 +101,8 @@ func NewKiln(target *Workload, pressure map[string]float64) *Kiln {
 // NewKilnFor returns kiln's policy for a cluster of empty nodes (their
 // capacities) and the tasks seen, starting from a target workload such as
 // TargetWorkload's: the target becomes KilnTarget's, Pressure is
-// ModelPressure's, and CloseBelow the smallest share of any task seen.
+// ModelPressure's, CloseBelow the smallest share of any task seen and
+// CPUReserve CPUReserveFor's.
 func NewKilnFor(base *Workload, tasks []Task, capacities []Node) *Kiln {
 	capBy := map[string]int64{}
 	for _, n := range capacities {
@@ -95,7 +112,33 @@ func NewKilnFor(base *Workload, tasks []Task, capacities []Node) *Kiln {
 	if m := SmallestShare(tasks); m > 0 {
 		k.CloseBelow = m
 	}
+	k.CPUReserve = CPUReserveFor(tasks, capacities)
 	return k
+}
+
+// CPUReserveFor is Kiln.CPUReserve for the tasks seen on a cluster of
+// empty nodes: the CPU the tasks with GPUs ask for per milli-GPU, or 0
+// when the tasks' share of the cluster's CPU (tasks without GPUs
+// included) is above cpuBound times their share of its GPU capacity, or
+// when no task asks for a GPU.
+func CPUReserveFor(tasks []Task, capacities []Node) float64 {
+	var gpuCPU, gpu, cpu float64
+	for _, t := range tasks {
+		cpu += float64(t.CPU)
+		if t.WantsGPU() {
+			gpuCPU += float64(t.CPU)
+			gpu += float64(t.GPUTotal())
+		}
+	}
+	var cpuCap, gpuCap float64
+	for _, n := range capacities {
+		cpuCap += float64(n.CPU)
+		gpuCap += float64(n.FreeGPU())
+	}
+	if gpu == 0 || cpuCap == 0 || gpuCap == 0 || cpu/cpuCap > cpuBound*gpu/gpuCap {
+		return 0
+	}
+	return gpuCPU / gpu
 }
 
 // SmallestShare is the smallest GPU share of a fractional task among
@@ -327,8 +370,8 @@ func (k *Kiln) keys(n Node, cpuCapacity int64, t Task, delta float64) float64 {
 
 func quant(v float64) float64 { return math.Round(math.Min(math.Max(v, 0), 1) * 998) }
 
-// resourceFit is the first tie-break: how well the node's CPU per GPU
-// suits the task (see Kiln).
+// resourceFit is the first tie-break: whether the node keeps CPU for its
+// free GPUs and how well its CPU per GPU suits the task (see Kiln).
 func (k *Kiln) resourceFit(n Node, cpuCapacity int64, t Task) float64 {
 	g := len(n.Free)
 	if !t.WantsGPU() {
@@ -339,6 +382,9 @@ func (k *Kiln) resourceFit(n Node, cpuCapacity int64, t Task) float64 {
 			return 1
 		}
 		return float64(cpuCapacity) / float64(g) / 1000 / 100 // cores per GPU / 100
+	}
+	if short := k.cpuShort(n, cpuCapacity, t); short > 0 {
+		return 0.5 - float64(short)/reserveSlope
 	}
 	v := 0.5
 	if g > 0 && cpuCapacity > 0 {
@@ -352,4 +398,23 @@ func (k *Kiln) resourceFit(n Node, cpuCapacity int64, t Task) float64 {
 		v -= k.Pressure[n.Model]
 	}
 	return v
+}
+
+// cpuShort is how far (milli-cores) placing t leaves node n below its CPU
+// reserve for the GPUs still free, 0 when it does not or when the reserve
+// is off. The reserve per milli-GPU is CPUReserve capped at the node's own
+// CPU per milli-GPU, so that nodes with little CPU per GPU are not always
+// short.
+func (k *Kiln) cpuShort(n Node, cpuCapacity int64, t Task) int64 {
+	g := len(n.Free)
+	if k.CPUReserve <= 0 || !t.WantsGPU() || g == 0 || cpuCapacity <= 0 {
+		return 0
+	}
+	per := math.Min(k.CPUReserve, float64(cpuCapacity)/float64(g*MilliPerGPU))
+	need := per * float64(n.FreeGPU()-t.GPUTotal())
+	left := float64(n.CPU - t.CPU)
+	if left >= need {
+		return 0
+	}
+	return int64(math.Ceil(need - left))
 }

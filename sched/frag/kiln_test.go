@@ -206,3 +206,65 @@ func TestKilnScoreMemoMatchesScore(t *testing.T) {
 		}
 	}
 }
+
+// TestCPUReserveFor: the reserve is the GPU tasks' CPU per milli-GPU, and
+// off when the tasks ask for more of the CPU than of the GPUs.
+func TestCPUReserveFor(t *testing.T) {
+	caps := []Node{{Model: "G2", CPU: 192000, Memory: 384 << 10, Free: []int32{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}}}
+	tasks := []Task{
+		{CPU: 12000, GPUs: 1, GPUMilli: 1000},
+		{CPU: 4000, GPUs: 1, GPUMilli: 500},
+		{CPU: 8000}, // without GPU: not in the ratio, but in the CPU demand
+	}
+	// 16 cores for 1.5 GPUs; CPU asked 24/192 = 12.5%, GPU 1.5/8 = 18.75%: on.
+	if got, want := CPUReserveFor(tasks, caps), 16000.0/1500; !near(got, want) {
+		t.Errorf("CPUReserveFor = %v, want %v milli-cores per milli-GPU", got, want)
+	}
+	// Two more CPU-only tasks of 8 cores: CPU 40/192 = 20.8% > 0.97 * 18.75%.
+	tasks = append(tasks, Task{CPU: 8000}, Task{CPU: 8000})
+	if got := CPUReserveFor(tasks, caps); got != 0 {
+		t.Errorf("CPU-bound workload: CPUReserveFor = %v, want 0 (off)", got)
+	}
+	if got := CPUReserveFor([]Task{{CPU: 8000}}, caps); got != 0 {
+		t.Errorf("no GPU task: CPUReserveFor = %v, want 0", got)
+	}
+}
+
+// TestKilnKeepsCPUForFreeGPUs: among nodes of equal FGD score, a GPU task
+// avoids the node it would leave with less CPU than its free GPUs need,
+// even where that node's CPU per GPU matches the task better; with the
+// reserve off, the match decides.
+func TestKilnKeepsCPUForFreeGPUs(t *testing.T) {
+	w := NewWorkload([]Shape{{Task: Task{CPU: 1000, GPUs: 1, GPUMilli: 1000}, Weight: 1}})
+	k := NewKiln(w, nil)
+	k.CPUReserve = 10 // 10 cores per free GPU
+	task := Task{CPU: 12000, GPUs: 1, GPUMilli: 1000}
+	// 12 cores per GPU like the task; 30 cores free for 3 idle GPUs: after
+	// the task 18 cores for 2 GPUs, 2 cores short.
+	tight := Node{Model: "G2", CPU: 30000, Memory: 1 << 20, Free: []int32{0, 0, 0, 0, 0, 1000, 1000, 1000}}
+	// 24 cores per GPU, 60 cores free: plenty.
+	roomy := Node{Model: "G2", CPU: 60000, Memory: 1 << 20, Free: []int32{0, 0, 0, 0, 0, 1000, 1000, 1000}}
+	if short := k.cpuShort(tight, 96000, task); short != 2000 {
+		t.Errorf("cpuShort(tight) = %d, want 2000 milli-cores", short)
+	}
+	if short := k.cpuShort(roomy, 192000, task); short != 0 {
+		t.Errorf("cpuShort(roomy) = %d, want 0", short)
+	}
+	st, sr := k.Score(tight, 96000, task), k.Score(roomy, 192000, task)
+	if math.Floor(st) != math.Floor(sr) {
+		t.Fatalf("FGD scores differ: %v and %v", st, sr)
+	}
+	if !(sr > st) {
+		t.Errorf("score roomy %v <= tight %v: want the node that keeps CPU for its GPUs", sr, st)
+	}
+	// The cap: a node with 8 cores per GPU is never short by more than its
+	// own ratio asks (8 cores per free GPU, not 10).
+	lean := Node{Model: "P100", CPU: 16000, Memory: 1 << 20, Free: []int32{1000, 1000}}
+	if short := k.cpuShort(lean, 16000, Task{CPU: 8000, GPUs: 1, GPUMilli: 1000}); short != 0 {
+		t.Errorf("cpuShort(lean) = %d, want 0: 8 cores left for 1 GPU of an 8-core-per-GPU node", short)
+	}
+	k.CPUReserve = 0
+	if st, sr := k.Score(tight, 96000, task), k.Score(roomy, 192000, task); !(st > sr) {
+		t.Errorf("reserve off: score tight %v <= roomy %v: want the better CPU-per-GPU match", st, sr)
+	}
+}
