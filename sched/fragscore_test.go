@@ -159,7 +159,7 @@ func TestFragScoreAloneFollowsFGD(t *testing.T) {
 		}
 		got := delta(a.NodeIndex, a.Devices[0].Device)
 		for i := range nodes {
-			c, why := s.fit(&Request{ID: "r", GPUMilli: milli}, st.Node(i), 3)
+			c, why := s.fit(&Request{ID: "r", GPUMilli: milli}, st.Node(i), 3, nil)
 			if c == nil {
 				_ = why
 				continue

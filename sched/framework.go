@@ -330,7 +330,9 @@ func (s *Scheduler) place(st *State, r *Request, over map[int]*nodeUsage) (Alloc
 		}
 	}
 	rh := hashString(r.ID) ^ s.Seed*0x9e3779b97f4a7c15
-	var best *Candidate
+	// spare is a candidate that lost: the next node's fit reuses its
+	// memory, so a placement allocates two candidates, not one per node.
+	var best, spare *Candidate
 	var bestScore float64
 	var bestTie uint64
 	scored := 0
@@ -352,18 +354,22 @@ func (s *Scheduler) place(st *State, r *Request, over map[int]*nodeUsage) (Alloc
 					return true
 				}
 			}
-			c, why := s.fit(r, ni, ok[g].mask)
+			c, why := s.fit(r, ni, ok[g].mask, spare)
 			if c == nil {
 				reasons[why]++
 				return true
 			}
+			spare = nil
 			total := 0.0
 			for _, w := range s.Scores {
 				total += w.Weight * clamp01(w.Plugin.Score(r, c))
 			}
 			tie := mix(rh ^ uint64(i))
 			if best == nil || total > bestScore+1e-12 || total > bestScore-1e-12 && tie < bestTie {
-				best, bestScore, bestTie = c, total, tie
+				best, spare = c, best
+				bestScore, bestTie = total, tie
+			} else {
+				spare = c
 			}
 			scored++
 			if s.MaxScored > 0 && scored >= s.MaxScored {
@@ -388,15 +394,24 @@ func (s *Scheduler) place(st *State, r *Request, over map[int]*nodeUsage) (Alloc
 	return a, nil
 }
 
-// fit works out what node ni would hold for r, or why it cannot.
-func (s *Scheduler) fit(r *Request, ni *NodeInfo, elig uint64) (*Candidate, string) {
+// fit works out what node ni would hold for r, or why it cannot. It fills
+// reuse (a candidate nobody holds any more) when given one.
+func (s *Scheduler) fit(r *Request, ni *NodeInfo, elig uint64, reuse *Candidate) (*Candidate, string) {
 	n := ni.Node
 	if len(n.Unhealthy) > 0 {
 		return nil, reasonUnhealth
 	}
-	a := &Allocation{RequestID: r.ID, Node: n.Name, NodeIndex: ni.Index, CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes,
-		Priority: r.Priority, Project: r.Project}
-	c := &Candidate{NodeInfo: ni, Alloc: a}
+	var a *Allocation
+	var devs []Share
+	if reuse != nil && reuse.Alloc != nil {
+		a, devs = reuse.Alloc, reuse.Alloc.Devices[:0]
+	} else {
+		a, reuse = &Allocation{}, &Candidate{}
+	}
+	*a = Allocation{RequestID: r.ID, Node: n.Name, NodeIndex: ni.Index, CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes,
+		Priority: r.Priority, Project: r.Project, Devices: devs}
+	c := reuse
+	*c = Candidate{NodeInfo: ni, Alloc: a}
 	share := func(k, milli int, mem uint64, slot *Slot) Share {
 		d := &n.Devices[k]
 		return Share{Device: k, PCI: d.PCI, UUID: d.UUID, Milli: milli, MemoryBytes: mem, MIG: slot}
@@ -459,7 +474,7 @@ func (s *Scheduler) fit(r *Request, ni *NodeInfo, elig uint64) (*Candidate, stri
 			}
 		}
 		c.Set = 1 << bestK
-		a.Devices = []Share{share(bestK, r.GPUMilli, r.GPUMemoryBytes, nil)}
+		a.Devices = append(a.Devices, share(bestK, r.GPUMilli, r.GPUMemoryBytes, nil))
 	case KindMIG:
 		bestK := -1
 		var best migOption
@@ -480,7 +495,7 @@ func (s *Scheduler) fit(r *Request, ni *NodeInfo, elig uint64) (*Candidate, stri
 		}
 		slot := best.slot
 		c.Set = 1 << bestK
-		a.Devices = []Share{share(bestK, 0, 0, &slot)}
+		a.Devices = append(a.Devices, share(bestK, 0, 0, &slot))
 	}
 	return c, ""
 }

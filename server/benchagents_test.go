@@ -1,0 +1,262 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/snapshot"
+)
+
+// benchAgentsEnv names the variable that turns this test binary into the
+// lease benchmark's fleet of simulated agents (see startAgents).
+const benchAgentsEnv = "KILN_BENCH_AGENTS"
+
+// TestMain runs the tests, or the benchmark's agent process when the
+// benchmark started this binary as one.
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv(benchAgentsEnv); cfg != "" {
+		if err := runAgents(cfg, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "benchmark agents:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// benchAgents is what the agent process needs to know.
+type benchAgents struct {
+	URL       string
+	CAPEM     string
+	JoinToken string
+	Count     int
+	// Plain agents send a heartbeat every Interval and the server answers
+	// at once; otherwise each heartbeat is held by the server up to
+	// Interval, as kiln agent's are, and sent again when answered.
+	Plain    bool
+	Interval time.Duration
+}
+
+// agentFleet is the running agent process.
+type agentFleet struct {
+	t     testing.TB
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *bufio.Reader
+	mu    sync.Mutex
+	ended bool
+}
+
+// startAgents starts this test binary as a process that joins cfg.Count
+// agents (8 H100s each) to the server, registers them and keeps them
+// heartbeating; it returns once all are registered.
+func startAgents(t testing.TB, cfg benchAgents) *agentFleet {
+	t.Helper()
+	raw, _ := json.Marshal(cfg)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GODEBUG=") { // the server's trace alone
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, benchAgentsEnv+"="+string(raw))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the agent process: %v", err)
+	}
+	f := &agentFleet{t: t, cmd: cmd, in: in, out: bufio.NewReader(outPipe)}
+	line, err := f.out.ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		f.stop()
+		t.Fatalf("agent process did not get ready: %q %v", line, err)
+	}
+	return f
+}
+
+// beats asks the agent process how many heartbeats were answered so far.
+func (f *agentFleet) beats() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := io.WriteString(f.in, "count\n"); err != nil {
+		f.t.Errorf("asking the agent process: %v", err)
+		return 0
+	}
+	line, err := f.out.ReadString('\n')
+	if err != nil {
+		f.t.Errorf("reading the agent process: %v", err)
+		return 0
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	if err != nil {
+		f.t.Errorf("agent process answered %q", line)
+	}
+	return n
+}
+
+// stop ends the agent process (its standard input closes) and waits.
+func (f *agentFleet) stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return
+	}
+	f.ended = true
+	f.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- f.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = f.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// runAgents is the agent process: it joins and registers the agents, says
+// "ready", then heartbeats; each "count" line read from in is answered
+// with the heartbeats answered so far; it returns when in closes.
+func runAgents(rawCfg string, in io.Reader, out io.Writer) error {
+	var cfg benchAgents
+	if err := json.Unmarshal([]byte(rawCfg), &cfg); err != nil {
+		return fmt.Errorf("%s: %w", benchAgentsEnv, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin, err := api.NewClient(cfg.URL, "", []byte(cfg.CAPEM), nil)
+	if err != nil {
+		return err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	var beats atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	// Agents join and register eight at a time, then each heartbeats on
+	// its own connection, spread over the interval.
+	errs := make(chan error, cfg.Count)
+	var jw sync.WaitGroup
+	for k := 0; k < 8; k++ {
+		jw.Add(1)
+		go func(k int) {
+			defer jw.Done()
+			for i := k; i < cfg.Count; i += 8 {
+				cl, err := joinAgent(ctx, admin, cfg, i, key, keyPEM)
+				if err != nil {
+					errs <- err
+					return
+				}
+				node := fmt.Sprintf("sim-%04d", i)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					heartbeat(ctx, cl, node, cfg, time.Duration(i)*cfg.Interval/time.Duration(cfg.Count), &beats)
+				}()
+			}
+		}(k)
+	}
+	jw.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "ready")
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		if sc.Text() == "count" {
+			fmt.Fprintln(out, beats.Load())
+		}
+	}
+	return nil
+}
+
+// joinAgent joins agent i with a certificate of its own and registers its
+// Snapshot; it returns the agent's client.
+func joinAgent(ctx context.Context, admin *api.Client, cfg benchAgents, i int, key *ecdsa.PrivateKey, keyPEM []byte) (*api.Client, error) {
+	node := fmt.Sprintf("sim-%04d", i)
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: node}}, key)
+	if err != nil {
+		return nil, err
+	}
+	var jr api.JoinResponse
+	req := api.JoinRequest{Token: cfg.JoinToken, Node: node, CSRPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}))}
+	if err := admin.Do(ctx, "POST", "/v1/join", req, &jr); err != nil {
+		return nil, fmt.Errorf("joining %s: %w", node, err)
+	}
+	cert, err := tls.X509KeyPair([]byte(jr.CertPEM), keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := api.NewClient(cfg.URL, "", []byte(cfg.CAPEM), &cert)
+	if err != nil {
+		return nil, err
+	}
+	s := &snapshot.Snapshot{SchemaVersion: snapshot.SchemaVersion, Host: snapshot.Host{Hostname: node}}
+	for g := 0; g < 8; g++ {
+		s.GPUs = append(s.GPUs, snapshot.GPU{Index: g, Vendor: "nvidia", Model: "H100-SXM5-80GB", ComputeCapability: "9.0",
+			MemoryTotalBytes: 80 << 30, PCIAddress: fmt.Sprintf("0000:%02x:00.0", 0x10+g), UUID: fmt.Sprintf("GPU-%04d-%d", i, g)})
+	}
+	if err := cl.Do(ctx, "PUT", "/v1/agent/nodes/"+node, api.RegisterRequest{Snapshot: s, Recorded: true}, nil); err != nil {
+		return nil, fmt.Errorf("registering %s: %w", node, err)
+	}
+	return cl, nil
+}
+
+// heartbeat keeps one agent heartbeating until ctx ends.
+func heartbeat(ctx context.Context, cl *api.Client, node string, cfg benchAgents, phase time.Duration, beats *atomic.Int64) {
+	time.Sleep(phase)
+	path := "/v1/agent/nodes/" + node + "/heartbeat"
+	if !cfg.Plain {
+		for ctx.Err() == nil {
+			if err := cl.Do(ctx, "POST", path, api.Heartbeat{Running: []string{}, WaitMS: int(cfg.Interval / time.Millisecond)}, nil); err == nil {
+				beats.Add(1)
+			} else if ctx.Err() == nil {
+				time.Sleep(time.Second)
+			}
+		}
+		return
+	}
+	t := time.NewTicker(cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := cl.Do(ctx, "POST", path, api.Heartbeat{Running: []string{}}, nil); err == nil {
+			beats.Add(1)
+		}
+	}
+}
