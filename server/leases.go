@@ -84,7 +84,11 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		if reason := s.refusal(ls, allowed, noContainers); reason != "" {
 			s.finishLease(ls, api.LeaseRefused, reason, now, b)
 		} else {
+			ls.checkFit = true
 			s.schedule(now, b)
+			if ls.l.State == api.LeaseQueued {
+				s.refuseIfNeverFits(ls, now, b)
+			}
 		}
 		seq, err := s.flush(b)
 		if err != nil {
@@ -146,7 +150,8 @@ func (s *Server) containerNodes() ([]string, string) {
 	return out, strings.Join(why, "; ")
 }
 
-// refusal says why a lease can never be granted as asked, or "".
+// refusal says why a lease cannot be granted as asked whatever the
+// devices hold (quotas, images), or "".
 // noContainers says why nodes cannot run the lease's image, if it has one.
 func (s *Server) refusal(ls *leaseState, allowed []string, noContainers string) string {
 	ps := s.project(ls.l.Project)
@@ -164,6 +169,26 @@ func (s *Server) refusal(ls *leaseState, allowed []string, noContainers string) 
 		}
 		return fmt.Sprintf("image %s runs on no node it may use (kiln compat, container executors, the nodes asked for)", ls.l.Request.Job.Image)
 	}
+	return ""
+}
+
+// refuseIfNeverFits refuses a new lease that could not fit even if every
+// device were free; it asks once per lease, the first time the lease
+// cannot be placed at once, and says whether it refused.
+func (s *Server) refuseIfNeverFits(ls *leaseState, now time.Time, b *batch) bool {
+	if !ls.checkFit {
+		return false
+	}
+	ls.checkFit = false
+	if reason := s.neverFits(ls); reason != "" {
+		s.finishLease(ls, api.LeaseRefused, reason, now, b)
+		return true
+	}
+	return false
+}
+
+// neverFits says why the lease could not fit even on an idle cluster, or "".
+func (s *Server) neverFits(ls *leaseState) string {
 	if len(s.nodes) == 0 {
 		return "" // nodes may still join: wait
 	}

@@ -385,6 +385,9 @@ func (s *Server) schedule(now time.Time, b *batch) {
 			s.grant(ls, pl, now, b)
 			continue
 		}
+		if s.refuseIfNeverFits(ls, now, b) {
+			continue
+		}
 		if g := s.fairKey(ps, now); g < guard {
 			guard, guardProject = g, pick
 		}

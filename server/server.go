@@ -221,6 +221,9 @@ type leaseState struct {
 	final string
 	// heldNodes are the nodes where a lost lease still holds devices.
 	heldNodes map[string]bool
+	// checkFit is set on a new lease until it is known whether it could
+	// ever fit (asked the first time it cannot be placed at once).
+	checkFit bool
 }
 
 type unitRef struct{ node, unit string }
