@@ -47,3 +47,7 @@ go vet ./...
 # container tests can run on this machine, and if not, why.
 go test -count=1 -run '^TestContainerSupport$' -v ./executor/containerd | grep -E -- '^(---|\s)' || true
 go test -race -count=1 ./...
+# The lease benchmark, small (100 agents, 200 grants), so that its agent
+# process and both of its runs keep working; the figures come from the
+# full run in the README.
+go test -count=1 -run '^$' -bench LeaseGrantRelease -benchtime 200x -short ./server
