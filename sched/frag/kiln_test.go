@@ -268,3 +268,49 @@ func TestKilnKeepsCPUForFreeGPUs(t *testing.T) {
 		t.Errorf("reserve off: score tight %v <= roomy %v: want the better CPU-per-GPU match", st, sr)
 	}
 }
+
+// TestKilnStranded: capacity counts as stranded when a share of the target
+// fits it by size but the node's CPU left is too little for every such
+// share; the score of a placement that strands capacity drops.
+func TestKilnStranded(t *testing.T) {
+	w := NewWorkload([]Shape{
+		{Task: Task{CPU: 4000, GPUs: 1, GPUMilli: 320}, Weight: 1},
+		{Task: Task{CPU: 12000, GPUs: 1, GPUMilli: 650}, Weight: 1},
+		{Task: Task{CPU: 3000, GPUs: 1, GPUMilli: 1000}, Weight: 1},
+	})
+	k := NewKiln(w, nil)
+	cases := []struct {
+		n    Node
+		want int64
+	}{
+		{Node{Model: "P100", CPU: 940, Memory: 1 << 16, Free: []int32{350, 0}}, 350}, // 320 fits 350 by share, not by CPU
+		{Node{Model: "P100", CPU: 4000, Memory: 1 << 16, Free: []int32{350, 0}}, 0},
+		{Node{Model: "P100", CPU: 940, Memory: 1 << 16, Free: []int32{200, 1000}}, 1000}, // 200: no share fits it at all
+		{Node{Model: "P100", CPU: 3500, Memory: 1 << 16, Free: []int32{700, 1000}}, 700}, // the whole GPU needs only 3 cores
+	}
+	for _, c := range cases {
+		if got := k.Stranded(c.n); got != c.want {
+			t.Errorf("Stranded(%v) = %d, want %d", c.n, got, c.want)
+		}
+	}
+	// A 650 with 12 cores on a node with 15 cores and one idle GPU left
+	// would strand that GPU's 350; on a node with 32 cores it strands
+	// nothing.
+	task := Task{CPU: 12000, GPUs: 1, GPUMilli: 650}
+	tight := Node{Model: "P100", CPU: 15000, Memory: 1 << 16, Free: []int32{1000, 0}}
+	roomy := Node{Model: "P100", CPU: 32000, Memory: 1 << 16, Free: []int32{1000, 0}}
+	if got := k.strandedAfter(tight, task.CPU, 0, []int{0}, task.GPUMilli); got != 350 {
+		t.Fatalf("650 with 12 cores on 15 cores strands %d, want 350", got)
+	}
+	st, rm := k.Score(tight, 16000, task), k.Score(roomy, 32000, task)
+	if !(st < rm) {
+		t.Errorf("score on the node it strands %v, want below %v on the node with CPU to spare", st, rm)
+	}
+	k.StrandWeight = 0
+	if got := k.Score(roomy, 32000, task); got != rm {
+		t.Errorf("score on the node with CPU to spare moved with the strand weight: %v, %v", got, rm)
+	}
+	if got := k.Score(tight, 16000, task); !(math.Floor(got) > math.Floor(st)) {
+		t.Errorf("the strand weight did not lower the integer score on the node it strands: %v without, %v with", got, st)
+	}
+}
