@@ -48,9 +48,12 @@ type NodeView struct {
 	FreeWhole int
 }
 
-// DeviceView is a device with what is left of it.
+// DeviceView is a device with what is left of it. Device points at the
+// server's own record of the device (a view is made on every change, and
+// copying each device made it the largest allocation per lease): placers
+// read it and never write it.
 type DeviceView struct {
-	api.Device
+	*api.Device
 	// Usable is false for a drained device, one held by a lost lease, one
 	// reserved for another lease, or a GPU in MIG mode (its instances are
 	// leased instead).

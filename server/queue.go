@@ -218,7 +218,7 @@ func (s *Server) buildView(n *nodeState, adjust func(u *unitState, d *DeviceView
 		v.AMDGPU = sn.Drivers.AMDGPU
 	}
 	for i, u := range n.units {
-		d := DeviceView{Device: u.dev}
+		d := DeviceView{Device: &u.dev}
 		d.Usable = !u.dev.Drained && !u.dev.MIGMode && !s.heldByLost(u)
 		d.Whole = len(u.holders) == 0
 		d.FreeMilli = max(1000-u.usedMilli, 0)

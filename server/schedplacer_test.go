@@ -102,7 +102,7 @@ func (f *fleet) views(adjust func(node string, u *unitState, d *DeviceView)) []*
 		}
 		v := &NodeView{ID: id, Snapshot: f.snaps[id]}
 		for _, u := range f.units[id] {
-			d := DeviceView{Device: u.dev, Usable: !u.dev.Drained && !u.dev.MIGMode, Whole: len(u.holders) == 0, FreeMilli: max(1000-u.usedMilli, 0)}
+			d := DeviceView{Device: &u.dev, Usable: !u.dev.Drained && !u.dev.MIGMode, Whole: len(u.holders) == 0, FreeMilli: max(1000-u.usedMilli, 0)}
 			if u.dev.MemoryBytes > u.usedMem {
 				d.FreeMemory = u.dev.MemoryBytes - u.usedMem
 			}
