@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -18,10 +19,11 @@ import (
 )
 
 // BenchmarkLeaseGrantRelease measures lease request -> grant -> release
-// over TLS on loopback while 1,000 simulated agents (8 GPUs each, in a
-// process of their own, each on its own TLS connection) heartbeat as kiln
-// agent does: a heartbeat the server holds up to the agent's 5 s interval.
-// Run with:
+// over TLS on loopback while 1,000 simulated agents (8 GPUs each, each on
+// its own TLS connection) heartbeat as kiln agent does: a heartbeat the
+// server holds up to the agent's 5 s interval. The agents and the users
+// run in a second process (this test binary started again), as they run
+// on other machines: the server's process holds the server alone. Run:
 //
 //	go test -run '^$' -bench LeaseGrantRelease -cpu 2 -benchtime 20000x ./server
 //
@@ -37,9 +39,9 @@ import (
 // KILN_BENCH_BEATS=1s makes every agent send a plain heartbeat each second
 // instead (about five times the requests); KILN_BENCH_PLACER=first-fit
 // places with FirstFit instead of the sched engine; KILN_BENCH_CPUPROFILE
-// writes a CPU profile of the measured part (server and users, not the
-// agents); KILN_BENCH_DUMP writes the fixed-rate run's latencies, one line
-// per pair (due time, grant and release latency in microseconds).
+// writes a CPU profile of the server's process during the measured part;
+// KILN_BENCH_DUMP writes the fixed-rate run's latencies, one line per pair
+// (due time, grant and release latency in microseconds).
 func BenchmarkLeaseGrantRelease(b *testing.B) {
 	agents := 1000
 	if testing.Short() {
@@ -65,34 +67,18 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 		cfg.Placer = server.FirstFit{}
 	}
 	c := newCluster(b, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	// The agents run in a process of their own, as they run on machines of
 	// their own: the server's collector does not walk their connections.
 	fleet := startAgents(b, benchAgents{URL: c.url, CAPEM: string(c.srv.CAPEM()), JoinToken: c.srv.Bootstrap.JoinToken,
-		Count: agents, Plain: plainBeats, Interval: agentInterval})
+		AdminToken: c.srv.Bootstrap.AdminToken, Count: agents, Plain: plainBeats, Interval: agentInterval})
 	defer fleet.stop()
 	time.Sleep(agentInterval + time.Second) // every agent heartbeats from here on
 	// 32 users, each with a connection of its own (HTTP/2 over TLS, kept
-	// alive), ask for one GPU and release it, again and again.
+	// alive), ask for one GPU and release it, again and again. They run in
+	// the agents' process too: users are elsewhere, as agents are.
 	const clients = 32
-	users := make([]*api.Client, clients)
-	for w := range users {
-		u, err := api.NewClient(c.url, c.srv.Bootstrap.AdminToken, c.srv.CAPEM(), nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := u.Do(ctx, "GET", "/v1/whoami", nil, nil); err != nil {
-			b.Fatal(err)
-		}
-		users[w] = u
-	}
-	// One grant and release each before the clock starts: the placer
-	// builds its state on the first placement.
-	for _, u := range users {
-		if _, _, ok := grantRelease(ctx, b, u); !ok {
-			b.FailNow()
-		}
+	if err := fleet.do(fmt.Sprintf("users %d", clients)); err != nil {
+		b.Fatal(err)
 	}
 	rate := 2000.0
 	if v := os.Getenv("KILN_BENCH_RATE"); v != "" {
@@ -116,60 +102,93 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	}
 	beats0 := fleet.beats()
 	start := time.Now()
-	closed := grantReleaseClosed(ctx, b, users, b.N)
+	closed, err := fleet.run(fmt.Sprintf("closed %d", b.N))
+	if err != nil {
+		b.Fatal(err)
+	}
 	elapsed := time.Since(start)
 	beats1 := fleet.beats()
 	// The same requests offered at a fixed rate, as users arrive: each
 	// latency runs from the moment the request was due, so a server that
 	// falls behind is charged for the wait (no coordinated omission).
-	open, late := grantReleaseOpen(ctx, b, users, b.N, rate)
+	open, err := fleet.run(fmt.Sprintf("open %d %g", b.N, rate))
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.StopTimer()
-	cancel()
+	if f := os.Getenv("KILN_BENCH_DUMP"); f != "" {
+		if err := dumpOpen(f, open, rate); err != nil {
+			b.Error(err)
+		}
+	}
+	late := 0
+	for _, d := range open.lat {
+		if d > 20*time.Millisecond {
+			late++
+		}
+	}
 	p99 := func(lat []time.Duration) float64 {
 		if len(lat) == 0 {
 			return 0
 		}
+		lat = append([]time.Duration(nil), lat...)
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		return float64(lat[len(lat)*99/100].Microseconds()) / 1000
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "grants/s")
-	b.ReportMetric(p99(closed), "p99-ms-32users")
-	b.ReportMetric(p99(open), fmt.Sprintf("p99-ms@%.0f/s", rate))
-	b.ReportMetric(float64(late)/float64(2*b.N)*100, "%late")
+	b.ReportMetric(p99(closed.lat), "p99-ms-32users")
+	b.ReportMetric(p99(open.lat), fmt.Sprintf("p99-ms@%.0f/s", rate))
+	b.ReportMetric(float64(late)/float64(len(open.lat))*100, "%late")
 	b.ReportMetric(float64(beats1-beats0)/elapsed.Seconds(), "heartbeats/s")
+}
+
+// dumpOpen writes the fixed-rate run's latencies, one line per pair: due
+// time from the start, grant and release latency, in microseconds; the
+// first line gives the start in this process's time, to line it up with
+// GODEBUG=gctrace=1.
+func dumpOpen(path string, r runResult, rate float64) error {
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	interval := time.Duration(float64(time.Second) / rate)
+	fmt.Fprintf(out, "# start %d\n", r.start.Sub(processStart).Microseconds())
+	for k := 0; 2*k+1 < len(r.lat); k++ {
+		fmt.Fprintf(out, "%d %d %d\n", (time.Duration(k) * interval).Microseconds(), r.lat[2*k].Microseconds(), r.lat[2*k+1].Microseconds())
+	}
+	return nil
 }
 
 // grantRelease asks for one GPU and releases it; it returns the two
 // request latencies.
-func grantRelease(ctx context.Context, b *testing.B, u *api.Client) (grant, release time.Duration, ok bool) {
+func grantRelease(ctx context.Context, u *api.Client) (grant, release time.Duration, err error) {
 	t0 := time.Now()
 	var l api.Lease
 	if err := u.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 1}, &l); err != nil {
-		b.Error(err)
-		return 0, 0, false
+		return 0, 0, err
 	}
 	t1 := time.Now()
 	if l.State != api.LeaseGranted {
 		// Every GPU was held: the server fell so far behind the offered
 		// rate that more leases were open than the cluster has GPUs.
-		b.Errorf("lease %s %s (the server fell behind the offered load): %s", l.ID, l.State, l.Reason)
-		return 0, 0, false
+		return 0, 0, fmt.Errorf("lease %s %s (the server fell behind the offered load): %s", l.ID, l.State, l.Reason)
 	}
 	resp, err := u.Raw(ctx, http.MethodDelete, "/v1/leases/"+l.ID, nil)
 	if err != nil {
-		b.Error(err)
-		return 0, 0, false
+		return 0, 0, err
 	}
 	resp.Body.Close()
-	return t1.Sub(t0), time.Since(t1), true
+	return t1.Sub(t0), time.Since(t1), nil
 }
 
 // grantReleaseClosed runs n grant-release pairs with every user asking
 // again as soon as the last answer came (the server's top speed); it
 // returns every request's latency.
-func grantReleaseClosed(ctx context.Context, b *testing.B, users []*api.Client, n int) []time.Duration {
+func grantReleaseClosed(ctx context.Context, users []*api.Client, n int) ([]time.Duration, error) {
 	var lat []time.Duration
 	var mu sync.Mutex
+	var first error
 	var next atomic.Int64
 	var cw sync.WaitGroup
 	for _, u := range users {
@@ -178,8 +197,11 @@ func grantReleaseClosed(ctx context.Context, b *testing.B, users []*api.Client, 
 			defer cw.Done()
 			var mine []time.Duration
 			for next.Add(1) <= int64(n) {
-				g, r, ok := grantRelease(ctx, b, u)
-				if !ok {
+				g, r, err := grantRelease(ctx, u)
+				if err != nil {
+					mu.Lock()
+					first = cmp.Or(first, err)
+					mu.Unlock()
 					return
 				}
 				mine = append(mine, g, r)
@@ -190,16 +212,18 @@ func grantReleaseClosed(ctx context.Context, b *testing.B, users []*api.Client, 
 		}(u)
 	}
 	cw.Wait()
-	return lat
+	return lat, first
 }
 
 // grantReleaseOpen starts n grant-release pairs at rate per second,
 // spread over the users' connections, whether or not earlier ones have
 // been answered. A grant's latency counts from the moment it was due; a
-// release is sent when its grant arrives. It returns the latencies and
-// how many requests took longer than 20 ms.
-func grantReleaseOpen(ctx context.Context, b *testing.B, users []*api.Client, n int, rate float64) ([]time.Duration, int) {
+// release is sent when its grant arrives. It returns the latencies, pair
+// by pair in order, and when it started.
+func grantReleaseOpen(ctx context.Context, users []*api.Client, n int, rate float64) ([]time.Duration, time.Time, error) {
 	lat := make([]time.Duration, 2*n)
+	var mu sync.Mutex
+	var first error
 	var cw sync.WaitGroup
 	start := time.Now()
 	interval := time.Duration(float64(time.Second) / rate)
@@ -212,29 +236,18 @@ func grantReleaseOpen(ctx context.Context, b *testing.B, users []*api.Client, n 
 		go func(k int, due time.Time) {
 			defer cw.Done()
 			behind := time.Since(due)
-			g, r, ok := grantRelease(ctx, b, users[k%len(users)])
-			if !ok {
+			g, r, err := grantRelease(ctx, users[k%len(users)])
+			if err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
 				return
 			}
 			lat[2*k], lat[2*k+1] = behind+g, r
 		}(k, due)
 	}
 	cw.Wait()
-	if f := os.Getenv("KILN_BENCH_DUMP"); f != "" {
-		out, _ := os.Create(f)
-		fmt.Fprintf(out, "# start %d\n", start.Sub(processStart).Microseconds())
-		for k := 0; k < n; k++ {
-			fmt.Fprintf(out, "%d %d %d\n", (time.Duration(k) * interval).Microseconds(), lat[2*k].Microseconds(), lat[2*k+1].Microseconds())
-		}
-		out.Close()
-	}
-	late := 0
-	for _, d := range lat {
-		if d > 20*time.Millisecond {
-			late++
-		}
-	}
-	return lat, late
+	return lat, start, first
 }
 
 // processStart lines a dump up with the times GODEBUG=gctrace=1 prints.

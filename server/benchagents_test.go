@@ -11,10 +11,12 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,10 +47,11 @@ func TestMain(m *testing.M) {
 
 // benchAgents is what the agent process needs to know.
 type benchAgents struct {
-	URL       string
-	CAPEM     string
-	JoinToken string
-	Count     int
+	URL        string
+	CAPEM      string
+	JoinToken  string
+	AdminToken string // the users'
+	Count      int
 	// Plain agents send a heartbeat every Interval and the server answers
 	// at once; otherwise each heartbeat is held by the server up to
 	// Interval, as kiln agent's are, and sent again when answered.
@@ -118,6 +121,55 @@ func (f *agentFleet) beats() int64 {
 		f.t.Errorf("agent process answered %q", line)
 	}
 	return n
+}
+
+// do sends a command to the agent process and waits for its "ok".
+func (f *agentFleet) do(cmd string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := io.WriteString(f.in, cmd+"\n"); err != nil {
+		return fmt.Errorf("agent process: %w", err)
+	}
+	line, err := f.out.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("agent process: %w", err)
+	}
+	if line = strings.TrimSpace(line); line != "ok" {
+		return fmt.Errorf("agent process, %s: %s", cmd, line)
+	}
+	return nil
+}
+
+// runResult is what a run of the users measured.
+type runResult struct {
+	lat   []time.Duration // every request's latency (open runs: pair by pair)
+	start time.Time       // when an open run started
+}
+
+// run has the users run "closed N" or "open N RATE" and reads back the
+// latencies, which the agent process writes to a file.
+func (f *agentFleet) run(cmd string) (runResult, error) {
+	file := filepath.Join(f.t.TempDir(), "latencies")
+	if err := f.do(cmd + " " + file); err != nil {
+		return runResult{}, err
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return runResult{}, err
+	}
+	var r runResult
+	for i, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		v, err := strconv.ParseInt(line, 10, 64)
+		if err != nil {
+			return runResult{}, fmt.Errorf("latency file line %d: %w", i+1, err)
+		}
+		if i == 0 {
+			r.start = time.UnixMicro(v)
+			continue
+		}
+		r.lat = append(r.lat, time.Duration(v)*time.Microsecond)
+	}
+	return r, nil
 }
 
 // stop ends the agent process (its standard input closes) and waits.
@@ -192,13 +244,92 @@ func runAgents(rawCfg string, in io.Reader, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out, "ready")
+	var users []*api.Client
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
-		if sc.Text() == "count" {
-			fmt.Fprintln(out, beats.Load())
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
 		}
+		var err error
+		switch f[0] {
+		case "count":
+			fmt.Fprintln(out, beats.Load())
+			continue
+		case "users":
+			users, err = startUsers(ctx, cfg, f[1:])
+		case "closed", "open":
+			err = runUsers(ctx, users, f)
+		default:
+			err = fmt.Errorf("unknown command %q", f[0])
+		}
+		if err != nil {
+			fmt.Fprintln(out, "error:", strings.ReplaceAll(err.Error(), "\n", " "))
+			continue
+		}
+		fmt.Fprintln(out, "ok")
 	}
 	return nil
+}
+
+// startUsers makes n user clients ("users N"), each on a connection of
+// its own, and has each take and release one GPU before any is measured
+// (the server's placer builds its state on the first placement).
+func startUsers(ctx context.Context, cfg benchAgents, args []string) ([]*api.Client, error) {
+	if len(args) != 1 {
+		return nil, errors.New("users N")
+	}
+	n, err := strconv.Atoi(args[0])
+	if err != nil || n < 1 {
+		return nil, fmt.Errorf("users %q: want a positive count", args[0])
+	}
+	users := make([]*api.Client, n)
+	for i := range users {
+		u, err := api.NewClient(cfg.URL, cfg.AdminToken, []byte(cfg.CAPEM), nil)
+		if err != nil {
+			return nil, err
+		}
+		if _, _, err := grantRelease(ctx, u); err != nil {
+			return nil, err
+		}
+		users[i] = u
+	}
+	return users, nil
+}
+
+// runUsers runs "closed N FILE" or "open N RATE FILE" and writes the
+// start (Unix microseconds) and then every latency (microseconds) to FILE.
+func runUsers(ctx context.Context, users []*api.Client, f []string) error {
+	if len(users) == 0 {
+		return errors.New("no users: send users N first")
+	}
+	if (f[0] == "closed" && len(f) != 3) || (f[0] == "open" && len(f) != 4) {
+		return errors.New("closed N FILE | open N RATE FILE")
+	}
+	n, err := strconv.Atoi(f[1])
+	if err != nil || n < 1 {
+		return fmt.Errorf("%s %q: want a positive count", f[0], f[1])
+	}
+	var lat []time.Duration
+	start := time.Now()
+	if f[0] == "closed" {
+		lat, err = grantReleaseClosed(ctx, users, n)
+	} else {
+		rate, perr := strconv.ParseFloat(f[2], 64)
+		if perr != nil || rate <= 0 {
+			return fmt.Errorf("open rate %q: want a positive number", f[2])
+		}
+		lat, start, err = grantReleaseOpen(ctx, users, n, rate)
+	}
+	if err != nil {
+		return err
+	}
+	var sb strings.Builder
+	fmt.Fprintln(&sb, start.UnixMicro())
+	for _, d := range lat {
+		fmt.Fprintln(&sb, d.Microseconds())
+	}
+	return os.WriteFile(f[len(f)-1], []byte(sb.String()), 0o600)
 }
 
 // joinAgent joins agent i with a certificate of its own and registers its
