@@ -13,7 +13,6 @@ func init() { addCommand(newCancelCmd) }
 
 func newCancelCmd() *cobra.Command {
 	var cf clientFlags
-	var format string
 	cmd := &cobra.Command{
 		Use:   "cancel LEASE...",
 		Short: "Cancel queued leases and release granted ones (their jobs are stopped)",
@@ -24,10 +23,7 @@ cancel their projects' leases only.`,
   kiln cancel l-1a2b3c l-4d5e6f -o json`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -43,12 +39,12 @@ cancel their projects' leases only.`,
 					continue
 				}
 				out = append(out, l)
-				if format == "text" {
+				if !cf.structured() {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", l.ID, l.State)
 				}
 			}
-			if format != "text" {
-				if err := writeStructured(cmd.OutOrStdout(), format, api.LeaseList{Leases: out}); err != nil {
+			if cf.structured() {
+				if err := writeStructured(cmd.OutOrStdout(), cf.format, api.LeaseList{Leases: out}); err != nil {
 					return err
 				}
 			}
@@ -56,6 +52,6 @@ cancel their projects' leases only.`,
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	return cmd
 }

@@ -14,7 +14,7 @@ func init() { addCommand(newDrainCmd) }
 
 func newDrainCmd() *cobra.Command {
 	var cf clientFlags
-	var format, reason string
+	var reason string
 	var undrain, clearLost bool
 	cmd := &cobra.Command{
 		Use:   "drain NODE [DEVICE...]",
@@ -34,13 +34,10 @@ again, kiln stops those jobs and frees the GPUs. If the node will not come back,
   kiln drain gpu-pcie-07 --clear-lost`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
 			if undrain && clearLost {
 				return &exitError{code: 3, err: errors.New("--undrain and --clear-lost do different things: give one")}
 			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -49,8 +46,8 @@ again, kiln stops those jobs and frees the GPUs. If the node will not come back,
 			if err := c.Do(cmd.Context(), "POST", "/v1/nodes/"+url.PathEscape(args[0])+"/drain", req, &n); err != nil {
 				return apiErr(err)
 			}
-			if format != "text" {
-				return writeStructured(cmd.OutOrStdout(), format, n)
+			if cf.structured() {
+				return writeStructured(cmd.OutOrStdout(), cf.format, n)
 			}
 			switch {
 			case clearLost:
@@ -65,7 +62,7 @@ again, kiln stops those jobs and frees the GPUs. If the node will not come back,
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	cmd.Flags().StringVar(&reason, "reason", "", "why (shown in kiln nodes)")
 	cmd.Flags().BoolVar(&undrain, "undrain", false, "put the devices back in service")
 	cmd.Flags().BoolVar(&clearLost, "clear-lost", false, "free the devices that lost leases still hold on the node")

@@ -147,7 +147,6 @@ func waitGranted(ctx context.Context, c *api.Client, l *api.Lease, progress io.W
 func newLeaseCmd() *cobra.Command {
 	var cf clientFlags
 	var sf sizeFlags
-	var format string
 	var noWait bool
 	cmd := &cobra.Command{
 		Use:   "lease [--gpus N | --fraction F [--mem M] | --mig PROFILE]",
@@ -166,10 +165,7 @@ Exit codes: 0 granted, 2 refused or ended before it was granted, 3 could not ask
   kiln lease --mig 1g.10gb -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, cfg, err := cf.client()
+			c, cfg, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -189,8 +185,8 @@ Exit codes: 0 granted, 2 refused or ended before it was granted, 3 could not ask
 				}
 			}
 			out := cmd.OutOrStdout()
-			if format != "text" {
-				if err := writeStructured(out, format, got); err != nil {
+			if cf.structured() {
+				if err := writeStructured(out, cf.format, got); err != nil {
 					return &exitError{code: 3, err: err}
 				}
 			} else {
@@ -204,7 +200,7 @@ Exit codes: 0 granted, 2 refused or ended before it was granted, 3 could not ask
 	}
 	cf.add(cmd)
 	sf.add(cmd)
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "print the lease at once, queued or not")
 	return cmd
 }

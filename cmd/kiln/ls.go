@@ -17,7 +17,7 @@ func init() { addCommand(newLsCmd) }
 
 func newLsCmd() *cobra.Command {
 	var cf clientFlags
-	var format, project, state string
+	var project, state string
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "ls",
@@ -30,10 +30,7 @@ By default only live leases (queued, granted, stopping); --all adds the ended on
   kiln ls -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -51,15 +48,15 @@ By default only live leases (queued, granted, stopping); --all adds the ended on
 			if err := c.Do(cmd.Context(), "GET", "/v1/leases?"+q.Encode(), nil, &list); err != nil {
 				return apiErr(err)
 			}
-			if format != "text" {
-				return writeStructured(cmd.OutOrStdout(), format, list)
+			if cf.structured() {
+				return writeStructured(cmd.OutOrStdout(), cf.format, list)
 			}
 			writeLeaseTable(cmd.OutOrStdout(), list.Leases)
 			return nil
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include ended leases")
 	cmd.Flags().StringVarP(&project, "project", "p", "", "only this project")
 	cmd.Flags().StringVar(&state, "state", "", "only this state")

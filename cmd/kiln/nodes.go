@@ -17,7 +17,6 @@ func init() { addCommand(newNodesCmd) }
 
 func newNodesCmd() *cobra.Command {
 	var cf clientFlags
-	var format string
 	cmd := &cobra.Command{
 		Use:   "nodes [NODE]",
 		Short: "List the nodes, their GPUs and who holds them",
@@ -33,10 +32,7 @@ marked RECORDED: their GPUs are not real.`,
   kiln nodes -o yaml`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -46,8 +42,8 @@ marked RECORDED: their GPUs are not real.`,
 				if err := c.Do(cmd.Context(), "GET", "/v1/nodes/"+url.PathEscape(args[0]), nil, &n); err != nil {
 					return apiErr(err)
 				}
-				if format != "text" {
-					return writeStructured(out, format, n)
+				if cf.structured() {
+					return writeStructured(out, cf.format, n)
 				}
 				writeNodeDevices(out, n)
 				return nil
@@ -56,15 +52,15 @@ marked RECORDED: their GPUs are not real.`,
 			if err := c.Do(cmd.Context(), "GET", "/v1/nodes", nil, &nl); err != nil {
 				return apiErr(err)
 			}
-			if format != "text" {
-				return writeStructured(out, format, nl)
+			if cf.structured() {
+				return writeStructured(out, cf.format, nl)
 			}
 			writeNodeTable(out, nl.Nodes)
 			return nil
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	return cmd
 }
 

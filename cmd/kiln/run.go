@@ -21,7 +21,7 @@ func init() { addCommand(newRunCmd) }
 func newRunCmd() *cobra.Command {
 	var cf clientFlags
 	var sf sizeFlags
-	var format, image, leaseID, workdir string
+	var image, leaseID, workdir string
 	var env []string
 	var detach bool
 	cmd := &cobra.Command{
@@ -50,13 +50,10 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
   kiln run --gpus 2 --detach -o json -- ./train.sh`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
 			if len(args) == 0 && image == "" {
 				return &exitError{code: 3, err: errors.New("give a command after --, or an --image")}
 			}
-			c, cfg, err := cf.client()
+			c, cfg, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -95,7 +92,7 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 				}
 				l, jobID = &got, got.Jobs[0]
 				if detach {
-					return printRun(cmd.OutOrStdout(), format, l, nil)
+					return printRun(cmd.OutOrStdout(), cf.format, l, nil)
 				}
 				l, err = waitGranted(ctx, c, l, stderr, tty)
 				if err != nil {
@@ -103,18 +100,18 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 				}
 				if l.State != api.LeaseGranted {
 					fmt.Fprintf(stderr, "kiln: lease %s %s: %s\n", l.ID, l.State, l.Reason)
-					_ = printRun(cmd.OutOrStdout(), format, l, nil)
+					_ = printRun(cmd.OutOrStdout(), cf.format, l, nil)
 					return &exitError{code: 2}
 				}
-				if tty || format == "text" {
+				if tty || !cf.structured() {
 					writeGrantLine(stderr, l)
 				}
 			}
 			if detach {
-				return printRun(cmd.OutOrStdout(), format, l, nil)
+				return printRun(cmd.OutOrStdout(), cf.format, l, nil)
 			}
 			logOut := cmd.OutOrStdout()
-			if format != "text" {
+			if cf.structured() {
 				logOut = stderr
 			}
 			if err := followLogs(ctx, c, jobID, logOut); err != nil {
@@ -124,12 +121,12 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 			if err != nil {
 				return cancelOnInterrupt(c, l.ID, stderr, err)
 			}
-			if format != "text" {
+			if cf.structured() {
 				var fin api.Lease
 				if c.Do(ctx, "GET", "/v1/leases/"+url.PathEscape(l.ID), nil, &fin) == nil {
 					l = &fin
 				}
-				if err := printRun(cmd.OutOrStdout(), format, l, j); err != nil {
+				if err := printRun(cmd.OutOrStdout(), cf.format, l, j); err != nil {
 					return err
 				}
 			}
@@ -139,7 +136,7 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 	cf.add(cmd)
 	sf.add(cmd)
 	fl := cmd.Flags()
-	fl.StringVarP(&format, "output", "o", "text", "output format: text (the command's output), json or yaml (the lease and job records; output goes to standard error)")
+	fl.StringVarP(&cf.format, "output", "o", "text", "output format: text (the command's output), json or yaml (the lease and job records; output goes to standard error)")
 	fl.StringVar(&image, "image", "", "container image to run (runs where kiln compat says it runs)")
 	fl.StringVar(&leaseID, "lease", "", "run in this lease instead of asking for a new one")
 	fl.StringVar(&workdir, "workdir", "", "working directory on the node (default: the current one when the server is on this machine)")

@@ -19,12 +19,32 @@ import (
 
 func init() { addCommand(newServerCmd) }
 
-// clientFlags say how a command reaches the server.
+// clientFlags say how a command reaches the server and, for commands that
+// print records, the output format (-o).
 type clientFlags struct {
 	config string
 	server string
 	token  string
 	caFile string
+	format string
+}
+
+// addOutput adds -o (text, json or yaml) to a command that prints records.
+func (f *clientFlags) addOutput(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.format, "output", "o", "text", "output format: text, json or yaml")
+}
+
+// structured says whether -o asked for json or yaml.
+func (f *clientFlags) structured() bool { return f.format != "" && f.format != "text" }
+
+// connect checks -o and returns the client.
+func (f *clientFlags) connect() (*api.Client, *api.ClientConfig, error) {
+	if f.format != "" {
+		if err := checkFormat("-o", f.format, "text", "json", "yaml"); err != nil {
+			return nil, nil, err
+		}
+	}
+	return f.client()
 }
 
 func (f *clientFlags) add(cmd *cobra.Command) {

@@ -35,16 +35,12 @@ func newTokenCreateCmd() *cobra.Command {
 	var cf clientFlags
 	var req api.TokenRequest
 	var ttl time.Duration
-	var format string
 	cmd := &cobra.Command{
 		Use:   "create [--user NAME] [--role admin|member] [--project P]...",
 		Short: "Make an API token (admins: for any user, created when new)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -53,8 +49,8 @@ func newTokenCreateCmd() *cobra.Command {
 			if err := c.Do(cmd.Context(), "POST", "/v1/tokens", req, &tok); err != nil {
 				return apiErr(err)
 			}
-			if format != "text" {
-				return writeStructured(cmd.OutOrStdout(), format, tok)
+			if cf.structured() {
+				return writeStructured(cmd.OutOrStdout(), cf.format, tok)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "token for %s (shown once; kiln keeps only its hash):\n%s\n", tok.User, tok.Secret)
 			return nil
@@ -66,22 +62,18 @@ func newTokenCreateCmd() *cobra.Command {
 	cmd.Flags().StringSliceVar(&req.Projects, "project", nil, "add the user to this project (repeatable)")
 	cmd.Flags().StringVar(&req.Name, "name", "", "what the token is for")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "the token expires after this long (default: never)")
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	return cmd
 }
 
 func newTokenLsCmd() *cobra.Command {
 	var cf clientFlags
-	var format string
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List API tokens (not their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -91,8 +83,8 @@ func newTokenLsCmd() *cobra.Command {
 			if err := c.Do(cmd.Context(), "GET", "/v1/tokens", nil, &out); err != nil {
 				return apiErr(err)
 			}
-			if format != "text" {
-				return writeStructured(cmd.OutOrStdout(), format, out)
+			if cf.structured() {
+				return writeStructured(cmd.OutOrStdout(), cf.format, out)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tUSER\tNAME\tCREATED\tEXPIRES")
@@ -107,7 +99,7 @@ func newTokenLsCmd() *cobra.Command {
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	return cmd
 }
 
@@ -118,7 +110,7 @@ func newTokenRmCmd() *cobra.Command {
 		Short: "Revoke an API token",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -136,16 +128,12 @@ func newTokenRmCmd() *cobra.Command {
 func newTokenJoinCmd() *cobra.Command {
 	var cf clientFlags
 	var ttl time.Duration
-	var format string
 	cmd := &cobra.Command{
 		Use:   "join",
 		Short: "Make a join token and print the command a new node runs (admins)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -153,8 +141,8 @@ func newTokenJoinCmd() *cobra.Command {
 			if err := c.Do(cmd.Context(), "POST", "/v1/join-tokens", api.JoinTokenRequest{TTLSeconds: int(ttl / time.Second)}, &jt); err != nil {
 				return apiErr(err)
 			}
-			if format != "text" {
-				return writeStructured(cmd.OutOrStdout(), format, jt)
+			if cf.structured() {
+				return writeStructured(cmd.OutOrStdout(), cf.format, jt)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "On the node, run (valid until %s):\n  %s\n", jt.Expires.Local().Format(time.DateTime), jt.Command)
 			return nil
@@ -162,7 +150,7 @@ func newTokenJoinCmd() *cobra.Command {
 	}
 	cf.add(cmd)
 	cmd.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "how long the join token is valid")
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	return cmd
 }
 
@@ -170,7 +158,6 @@ func newTokenProjectCmd() *cobra.Command {
 	var cf clientFlags
 	var p api.Project
 	var period time.Duration
-	var format string
 	cmd := &cobra.Command{
 		Use:   "project NAME [--weight W] [--max-gpus N] [--gpu-hours H] [--member USER]...",
 		Short: "Create or change a project: fair-share weight, quotas, members (admins); without flags, list projects",
@@ -182,10 +169,7 @@ projects you may see with what they hold and used.`,
   kiln token project`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat("-o", format, "text", "json", "yaml"); err != nil {
-				return err
-			}
-			c, _, err := cf.client()
+			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -197,8 +181,8 @@ projects you may see with what they hold and used.`,
 				if err := c.Do(cmd.Context(), "GET", "/v1/projects", nil, &list); err != nil {
 					return apiErr(err)
 				}
-				if format != "text" {
-					return writeStructured(out, format, list)
+				if cf.structured() {
+					return writeStructured(out, cf.format, list)
 				}
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "PROJECT\tWEIGHT\tMAX GPUS\tGPU-HOURS\tHELD\tUSED H\tQUEUED\tMEMBERS")
@@ -213,8 +197,8 @@ projects you may see with what they hold and used.`,
 			if err := c.Do(cmd.Context(), "PUT", "/v1/projects/"+url.PathEscape(p.Name), p, &got); err != nil {
 				return apiErr(err)
 			}
-			if format != "text" {
-				return writeStructured(out, format, got)
+			if cf.structured() {
+				return writeStructured(out, cf.format, got)
 			}
 			fmt.Fprintf(out, "project %s: weight %g, max %g GPUs at once, %g GPU-hours per %s (0: no limit), members %v\n", got.Name, got.Weight, got.MaxGPUs, got.GPUHours, time.Duration(got.PeriodSeconds)*time.Second, got.Members)
 			return nil
@@ -226,6 +210,6 @@ projects you may see with what they hold and used.`,
 	cmd.Flags().Float64Var(&p.GPUHours, "gpu-hours", 0, "GPU-hours per period (0: no limit)")
 	cmd.Flags().DurationVar(&period, "period", 30*24*time.Hour, "quota period")
 	cmd.Flags().StringSliceVar(&p.Members, "member", nil, "add this user (repeatable; users come from 'kiln token create')")
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
+	cf.addOutput(cmd)
 	return cmd
 }
