@@ -65,7 +65,7 @@ func whyBest(j Job, c *Cluster, e Estimate) string {
 	}
 	parts := parts(e.Breakdown)
 	if len(parts) > 0 {
-		fmt.Fprintf(&b, " Step %s: ", secs(e.StepTimeS))
+		fmt.Fprintf(&b, " Step %s: ", FormatSeconds(e.StepTimeS))
 		var ws []string
 		for _, p := range parts {
 			if p.s/e.StepTimeS < 0.01 {
@@ -118,7 +118,7 @@ func compare(best, other Estimate) string {
 		}
 	}
 	if slower >= 0.005 && worst >= 0 {
-		fmt.Fprintf(&b, ": %s adds %s (%.0f%%) to the step", op[worst].phrase, secs(worstD), 100*worstD/best.StepTimeS)
+		fmt.Fprintf(&b, ": %s adds %s (%.0f%%) to the step", op[worst].phrase, FormatSeconds(worstD), 100*worstD/best.StepTimeS)
 		if worst == 5 && other.Layout.Zero >= 1 {
 			fmt.Fprintf(&b, " (%s)", other.Sharding)
 		}
@@ -131,7 +131,9 @@ func compare(best, other Estimate) string {
 
 func gbString(bytes float64) string { return fmt.Sprintf("%.1f GB", bytes/1e9) }
 
-func secs(s float64) string {
+// FormatSeconds writes a duration in seconds with the unit that reads best
+// (s, ms or µs).
+func FormatSeconds(s float64) string {
 	switch {
 	case s >= 1:
 		return fmt.Sprintf("%.2f s", s)

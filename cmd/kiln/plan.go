@@ -299,7 +299,7 @@ func writeEstimates(w io.Writer, j plan.Job, es []plan.Estimate) {
 		for i, e := range es {
 			b := e.Breakdown
 			fmt.Fprintf(tw, "%d\t%s\t%.1f GB\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i+1, e.LayoutString, e.MemoryPerGPUBytes/1e9,
-				dur(e.StepTimeS), rate(e.TokensPerS), dur(e.TimeToFirstTokenS), dur(e.TimePerOutputTokenS),
+				plan.FormatSeconds(e.StepTimeS), rate(e.TokensPerS), plan.FormatSeconds(e.TimeToFirstTokenS), plan.FormatSeconds(e.TimePerOutputTokenS),
 				pct(b.ComputeS, e.StepTimeS), pct(b.DecodeS, e.StepTimeS), pct(b.TPCommS, e.StepTimeS), pct(b.PPCommS, e.StepTimeS))
 		}
 	} else {
@@ -307,7 +307,7 @@ func writeEstimates(w io.Writer, j plan.Job, es []plan.Estimate) {
 		for i, e := range es {
 			b := e.Breakdown
 			fmt.Fprintf(tw, "%d\t%s\t%.1f GB\t%s\t%s\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i+1, e.LayoutString, e.MemoryPerGPUBytes/1e9,
-				dur(e.StepTimeS), rate(e.TokensPerS), 100*e.MFU,
+				plan.FormatSeconds(e.StepTimeS), rate(e.TokensPerS), 100*e.MFU,
 				pct(b.ComputeS, e.StepTimeS), pct(b.RecomputeS, e.StepTimeS), pct(b.BubbleS, e.StepTimeS),
 				pct(b.TPCommS, e.StepTimeS), pct(b.PPCommS, e.StepTimeS), pct(b.DPCommS, e.StepTimeS), pct(b.OptimizerS, e.StepTimeS))
 		}
@@ -329,16 +329,6 @@ func writeEstimates(w io.Writer, j plan.Job, es []plan.Estimate) {
 			fmt.Fprintf(w, "(#1: %s)\n", strings.Join(links, "; "))
 		}
 	}
-}
-
-func dur(s float64) string {
-	switch {
-	case s >= 1:
-		return fmt.Sprintf("%.2f s", s)
-	case s >= 1e-3:
-		return fmt.Sprintf("%.1f ms", s*1e3)
-	}
-	return fmt.Sprintf("%.0f µs", s*1e6)
 }
 
 func rate(r float64) string {
