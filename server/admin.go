@@ -41,14 +41,8 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
 func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	id := r.PathValue("id")
-	body, err := readBody(r, maxBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	req, err := parseDrain(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	req, ok := readRequest(w, r, maxBody, parseDrain)
+	if !ok {
 		return
 	}
 	s.mu.Lock()
@@ -165,14 +159,8 @@ func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r, maxBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	p, err := parseProject(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	p, ok := readRequest(w, r, maxBody, parseProject)
+	if !ok {
 		return
 	}
 	if p.Name != r.PathValue("name") {
@@ -200,7 +188,7 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 		}
 		userIDs = append(userIDs, u.ID)
 	}
-	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
 		if err := tx.PutProject(p); err != nil {
 			return err
 		}
@@ -272,14 +260,8 @@ func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) {
 // admin for anyone, creating the user (with a role and projects) when new.
 func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
-	body, err := readBody(r, maxBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	req, err := parseTokenRequest(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	req, ok := readRequest(w, r, maxBody, parseTokenRequest)
+	if !ok {
 		return
 	}
 	s.mu.Lock()
@@ -329,7 +311,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	if req.TTLSeconds > 0 {
 		row.Expires = now.Add(time.Duration(req.TTLSeconds) * time.Second)
 	}
-	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
 		if err := tx.PutUser(user); err != nil {
 			return err
 		}

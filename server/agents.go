@@ -16,14 +16,8 @@ import (
 const NodeJoining = "joining"
 
 func (s *Server) join(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r, maxBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	req, err := parseJoin(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	req, ok := readRequest(w, r, maxBody, parseJoin)
+	if !ok {
 		return
 	}
 	if err := s.checkJoinToken(r.Context(), req.Token); err != nil {
@@ -67,14 +61,8 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	node := r.PathValue("node")
-	body, err := readBody(r, maxSnapshotBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	req, err := parseRegister(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	req, ok := readRequest(w, r, maxSnapshotBody, parseRegister)
+	if !ok {
 		return
 	}
 	s.answer(w, http.StatusOK, func() (any, uint64, error) {
@@ -368,14 +356,8 @@ func (s *Server) taskEnded(js *jobState, node string, e api.ExitReport, state st
 
 func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	node := r.PathValue("node")
-	body, err := readBody(r, maxBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	hb, err := parseHeartbeat(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	hb, ok := readRequest(w, r, maxBody, parseHeartbeat)
+	if !ok {
 		return
 	}
 	wait := min(time.Duration(hb.WaitMS)*time.Millisecond, s.cfg.HeartbeatTimeout/3)
@@ -500,14 +482,8 @@ func (s *Server) orders(n *nodeState, run map[string]bool) api.HeartbeatReply {
 
 func (s *Server) jobExit(w http.ResponseWriter, r *http.Request) {
 	node, id := r.PathValue("node"), r.PathValue("job")
-	body, err := readBody(r, maxBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	e, err := parseExit(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	e, ok := readRequest(w, r, maxBody, parseExit)
+	if !ok {
 		return
 	}
 	s.answer(w, http.StatusOK, func() (any, uint64, error) {

@@ -45,6 +45,22 @@ func decodeJSON(b []byte, v any) error {
 }
 
 // readBody reads at most limit bytes.
+// readRequest reads a request's body (at most limit bytes) and parses it;
+// on bad or oversized input it answers 400 or 413 and returns false.
+func readRequest[T any](w http.ResponseWriter, r *http.Request, limit int64, parse func([]byte) (T, error)) (T, bool) {
+	body, err := readBody(r, limit)
+	if err == nil {
+		v, perr := parse(body)
+		if perr == nil {
+			return v, true
+		}
+		err = perr
+	}
+	writeErr(w, 0, badRequest(err))
+	var zero T
+	return zero, false
+}
+
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {

@@ -16,18 +16,13 @@ import (
 
 func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
-	body, err := readBody(r, maxBody)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
-		return
-	}
-	req, err := parseLeaseRequest(body)
-	if err != nil {
-		writeErr(w, 0, badRequest(err))
+	req, ok := readRequest(w, r, maxBody, parseLeaseRequest)
+	if !ok {
 		return
 	}
 	var allowed []string
 	if req.Job != nil && req.Job.Image != "" && s.cfg.Images != nil {
+		var err error
 		allowed, err = s.imageNodes(r, req.Job.Image)
 		if err != nil {
 			writeErr(w, http.StatusBadGateway, err)
