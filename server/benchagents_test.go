@@ -3,14 +3,7 @@ package server_test
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/server/api"
 	"kiln.dev/kiln/snapshot"
 )
@@ -47,11 +41,12 @@ func TestMain(m *testing.M) {
 
 // benchAgents is what the agent process needs to know.
 type benchAgents struct {
-	URL        string
-	CAPEM      string
-	JoinToken  string
-	AdminToken string // the users'
-	Count      int
+	URL           string
+	CAPEM         string
+	JoinToken     string
+	CAFingerprint string // pinned by the agents, as kiln join does
+	AdminToken    string // the users'
+	Count         int
 	// Plain agents send a heartbeat every Interval and the server answers
 	// at once; otherwise each heartbeat is held by the server up to
 	// Interval, as kiln agent's are, and sent again when answered.
@@ -103,38 +98,41 @@ func startAgents(t testing.TB, cfg benchAgents) *agentFleet {
 	return f
 }
 
-// beats asks the agent process how many heartbeats were answered so far.
-func (f *agentFleet) beats() int64 {
+// ask sends a command line to the agent process and reads its answer.
+func (f *agentFleet) ask(cmd string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, err := io.WriteString(f.in, "count\n"); err != nil {
-		f.t.Errorf("asking the agent process: %v", err)
-		return 0
+	if _, err := io.WriteString(f.in, cmd+"\n"); err != nil {
+		return "", fmt.Errorf("agent process: %w", err)
 	}
 	line, err := f.out.ReadString('\n')
 	if err != nil {
-		f.t.Errorf("reading the agent process: %v", err)
+		return "", fmt.Errorf("agent process: %w", err)
+	}
+	return strings.TrimSpace(line), nil
+}
+
+// beats asks the agent process how many heartbeats were answered so far.
+func (f *agentFleet) beats() int64 {
+	line, err := f.ask("count")
+	if err != nil {
+		f.t.Error(err)
 		return 0
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	n, err := strconv.ParseInt(line, 10, 64)
 	if err != nil {
-		f.t.Errorf("agent process answered %q", line)
+		f.t.Errorf("agent process answered %q to count", line)
 	}
 	return n
 }
 
 // do sends a command to the agent process and waits for its "ok".
 func (f *agentFleet) do(cmd string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, err := io.WriteString(f.in, cmd+"\n"); err != nil {
-		return fmt.Errorf("agent process: %w", err)
-	}
-	line, err := f.out.ReadString('\n')
+	line, err := f.ask(cmd)
 	if err != nil {
-		return fmt.Errorf("agent process: %w", err)
+		return err
 	}
-	if line = strings.TrimSpace(line); line != "ok" {
+	if line != "ok" {
 		return fmt.Errorf("agent process, %s: %s", cmd, line)
 	}
 	return nil
@@ -201,16 +199,6 @@ func runAgents(rawCfg string, in io.Reader, out io.Writer) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	admin, err := api.NewClient(cfg.URL, "", []byte(cfg.CAPEM), nil)
-	if err != nil {
-		return err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 	var beats atomic.Int64
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -224,7 +212,7 @@ func runAgents(rawCfg string, in io.Reader, out io.Writer) error {
 		go func(k int) {
 			defer jw.Done()
 			for i := k; i < cfg.Count; i += 8 {
-				cl, err := joinAgent(ctx, admin, cfg, i, key, keyPEM)
+				cl, err := joinAgent(ctx, cfg, i)
 				if err != nil {
 					errs <- err
 					return
@@ -332,24 +320,15 @@ func runUsers(ctx context.Context, users []*api.Client, f []string) error {
 	return os.WriteFile(f[len(f)-1], []byte(sb.String()), 0o600)
 }
 
-// joinAgent joins agent i with a certificate of its own and registers its
-// Snapshot; it returns the agent's client.
-func joinAgent(ctx context.Context, admin *api.Client, cfg benchAgents, i int, key *ecdsa.PrivateKey, keyPEM []byte) (*api.Client, error) {
+// joinAgent joins agent i as kiln join does and registers its Snapshot;
+// it returns the agent's client.
+func joinAgent(ctx context.Context, cfg benchAgents, i int) (*api.Client, error) {
 	node := fmt.Sprintf("sim-%04d", i)
-	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: node}}, key)
+	id, err := agent.Join(ctx, cfg.URL, cfg.JoinToken, cfg.CAFingerprint, node, "")
 	if err != nil {
 		return nil, err
 	}
-	var jr api.JoinResponse
-	req := api.JoinRequest{Token: cfg.JoinToken, Node: node, CSRPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}))}
-	if err := admin.Do(ctx, "POST", "/v1/join", req, &jr); err != nil {
-		return nil, fmt.Errorf("joining %s: %w", node, err)
-	}
-	cert, err := tls.X509KeyPair([]byte(jr.CertPEM), keyPEM)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := api.NewClient(cfg.URL, "", []byte(cfg.CAPEM), &cert)
+	cl, err := id.Client()
 	if err != nil {
 		return nil, err
 	}
