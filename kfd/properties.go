@@ -1,11 +1,10 @@
 package kfd
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // Properties is one KFD "properties" file: one "key value" pair per line,
@@ -15,26 +14,28 @@ import (
 type Properties map[string]string
 
 // ParseProperties reads a properties file. Blank lines are skipped; a line
-// without a value is an error naming the line.
+// without a value is an error naming the line. The keys and values share
+// one copy of data: a tree has thousands of these files (an MI300X in CPX
+// mode, 66 nodes of 65 links each), so the reader allocates little per file.
 func ParseProperties(data []byte) (Properties, error) {
-	p := Properties{}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	n := 0
-	for sc.Scan() {
-		n++
-		line := strings.TrimSpace(sc.Text())
+	p := make(Properties, 16)
+	rest := string(data)
+	for n := 1; rest != ""; n++ {
+		var line string
+		line, rest, _ = strings.Cut(rest, "\n")
+		line = strings.TrimSpace(line)
 		if line == "" {
 			continue
 		}
-		f := strings.Fields(line)
-		if len(f) != 2 {
+		i := strings.IndexFunc(line, unicode.IsSpace)
+		if i < 0 {
 			return nil, fmt.Errorf("line %d: %q is not a \"key value\" pair", n, truncate(line, 60))
 		}
-		p[f[0]] = f[1]
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("line %d: %w", n+1, err)
+		key, value := line[:i], strings.TrimLeftFunc(line[i:], unicode.IsSpace)
+		if strings.IndexFunc(value, unicode.IsSpace) >= 0 {
+			return nil, fmt.Errorf("line %d: %q is not a \"key value\" pair", n, truncate(line, 60))
+		}
+		p[key] = value
 	}
 	return p, nil
 }
