@@ -39,6 +39,15 @@ func TestNeverFitsRefusedBeforePreempting(t *testing.T) {
 	if never.State != api.LeaseRefused || !strings.Contains(never.Reason, "could ever") {
 		t.Fatalf("lease of %d GPUs on a %d-GPU cluster: %s %q, want refused as never fitting", total+1, total, never.State, never.Reason)
 	}
+	// More GPUs than any node can hold, without a gang: the reason says
+	// so in the user's words (not the engine's validation message).
+	var huge api.Lease
+	if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 99}, &huge); err != nil {
+		t.Fatal(err)
+	}
+	if huge.State != api.LeaseRefused || !strings.Contains(huge.Reason, "99 GPUs on one node") || !strings.Contains(huge.Reason, "gang") || strings.Contains(huge.Reason, "sched") {
+		t.Fatalf("lease of 99 GPUs: %s %q, want refused, naming the per-node limit and the gang", huge.State, huge.Reason)
+	}
 	time.Sleep(500 * time.Millisecond) // longer than the grace: a preemption would show
 	var got api.Lease
 	if err := c.admin.Do(ctx, "GET", "/v1/leases/"+low.ID, nil, &got); err != nil {

@@ -500,6 +500,10 @@ func schedRequest(req Request, id string) sched.Request {
 }
 
 func (p *SchedPlacer) placeWhole(sc *sched.Scheduler, req Request) (Placement, error) {
+	if !req.Constraints.Gang && req.GPUs > sched.MaxDevices {
+		return Placement{}, &NoFit{Reason: fmt.Sprintf("%d GPUs on one node: no node holds more than %d; a gang (kiln lease --gang, constraints.gang) spreads whole GPUs over nodes",
+			req.GPUs, sched.MaxDevices)}
+	}
 	a, err := sc.Place(p.state, schedRequest(req, "lease"))
 	if err == nil {
 		return p.placement([]sched.Allocation{a}), nil
