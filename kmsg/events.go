@@ -1,7 +1,6 @@
 package kmsg
 
 import (
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -9,29 +8,29 @@ import (
 )
 
 var (
-	reXid  = regexp.MustCompile(`NVRM: Xid \((?:PCI:)?(` + pciAddr + `)\): (\d{1,6}),?\s*(.*)$`)
-	reSXid = regexp.MustCompile(`nvidia-nvswitch\d*: SXid \((?:PCI:)?(` + pciAddr + `)\): (\d{1,6}),?\s*(.*)$`)
-	rePID  = regexp.MustCompile(`^pid=('?<unknown>'?|\d+)(?:,\s*|$)`)
-	reName = regexp.MustCompile(`^name=([^,]*)(?:,\s*|$)`)
+	reXid  = lazyRegexp(`NVRM: Xid \((?:PCI:)?(` + pciAddr + `)\): (\d{1,6}),?\s*(.*)$`)
+	reSXid = lazyRegexp(`nvidia-nvswitch\d*: SXid \((?:PCI:)?(` + pciAddr + `)\): (\d{1,6}),?\s*(.*)$`)
+	rePID  = lazyRegexp(`^pid=('?<unknown>'?|\d+)(?:,\s*|$)`)
+	reName = lazyRegexp(`^name=([^,]*)(?:,\s*|$)`)
 	// reProcess reads the process of amdgpu's "Process information:
 	// process X pid N thread ..." and " Process X pid N thread ...".
-	reProcess = regexp.MustCompile(`[Pp]rocess (?:information: process )?(\S*) pid (\d+)`)
+	reProcess = lazyRegexp(`[Pp]rocess (?:information: process )?(\S*) pid (\d+)`)
 
-	reProbeFailed = regexp.MustCompile(`NVRM: The NVIDIA probe routine failed for (\d+) device`)
-	reAnyAddr     = regexp.MustCompile(pciAddr)
+	reProbeFailed = lazyRegexp(`NVRM: The NVIDIA probe routine failed for (\d+) device`)
+	reAnyAddr     = lazyRegexp(pciAddr)
 	// reDevPrefix is the "<driver> <address>: " prefix of dev_printk lines.
-	reDevPrefix = regexp.MustCompile(`^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):\s`)
+	reDevPrefix = lazyRegexp(`^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):\s`)
 
 	// reAMDPrimary starts an amdgpu event; reAMDSecondary starts one only
 	// when it does not follow one on the same device (a GPU reset after a
 	// ring timeout is part of the timeout's report).
-	reAMDPrimary   = regexp.MustCompile(`(?i)\bring \S+ timeout|uncorrectable|correctable hardware error|\becc error|poison|page fault|protection fault`)
-	reAMDSecondary = regexp.MustCompile(`(?i)timed out|\btimeout\b|gpu reset begin|reset failed|gpu reset\(\d+\) failed|\bgpu hang|\*ERROR\*`)
-	reAMDDetail    = regexp.MustCompile(`(?i)^(?:\[drm:amdgpu_job_timedout \[amdgpu\]\] \*ERROR\* )?process information|^process \S* pid|in page starting at|_FAULT_STATUS|faulty utcl2|more_faults|walker_error|permission_faults|mapping_error|^\s*rw: |cid: `)
+	reAMDPrimary   = lazyRegexp(`(?i)\bring \S+ timeout|uncorrectable|correctable hardware error|\becc error|poison|page fault|protection fault`)
+	reAMDSecondary = lazyRegexp(`(?i)timed out|\btimeout\b|gpu reset begin|reset failed|gpu reset\(\d+\) failed|\bgpu hang|\*ERROR\*`)
+	reAMDDetail    = lazyRegexp(`(?i)^(?:\[drm:amdgpu_job_timedout \[amdgpu\]\] \*ERROR\* )?process information|^process \S* pid|in page starting at|_FAULT_STATUS|faulty utcl2|more_faults|walker_error|permission_faults|mapping_error|^\s*rw: |cid: `)
 
-	reAERReceived = regexp.MustCompile(`AER: (?:Multiple )?(Corrected|Correctable|Uncorrected \((?:Non-Fatal|Fatal)\)|Uncorrectable \((?:Non-Fatal|Fatal)\)|Uncorrected|Uncorrectable|Fatal|Non-Fatal) error(?: message)? received(?::| from)? ?(` + pciAddr + `)?`)
-	rePCIeBusErr  = regexp.MustCompile(`PCIe Bus Error: severity=([A-Za-z() -]+?)(?:,|$)`)
-	reAERDetail   = regexp.MustCompile(`^\s*(?:device \[[0-9a-fA-F]{4}:[0-9a-fA-F]{4}\]|\[\s*\d+\] |aer_status:|aer_layer=|Error of this Agent|TLP Header|AER: +(?:\[|TLP|Error))`)
+	reAERReceived = lazyRegexp(`AER: (?:Multiple )?(Corrected|Correctable|Uncorrected \((?:Non-Fatal|Fatal)\)|Uncorrectable \((?:Non-Fatal|Fatal)\)|Uncorrected|Uncorrectable|Fatal|Non-Fatal) error(?: message)? received(?::| from)? ?(` + pciAddr + `)?`)
+	rePCIeBusErr  = lazyRegexp(`PCIe Bus Error: severity=([A-Za-z() -]+?)(?:,|$)`)
+	reAERDetail   = lazyRegexp(`^\s*(?:device \[[0-9a-fA-F]{4}:[0-9a-fA-F]{4}\]|\[\s*\d+\] |aer_status:|aer_layer=|Error of this Agent|TLP Header|AER: +(?:\[|TLP|Error))`)
 )
 
 // builder turns records into events. An event stays open while the records
@@ -116,7 +115,7 @@ func (b *builder) process(rec *record, text string, out *[]snapshot.Event) {
 }
 
 func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
-	if m := reXid.FindStringSubmatch(text); m != nil {
+	if m := reXid().FindStringSubmatch(text); m != nil {
 		code, _ := strconv.Atoi(m[2])
 		ev := newEvent(rec, snapshot.EventXid, text)
 		ev.Code = code
@@ -128,16 +127,16 @@ func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
 		b.start(out, ev, "nvrm")
 		return
 	}
-	if reProbeFailed.MatchString(text) {
+	if reProbeFailed().MatchString(text) {
 		b.close(out)
 		b.resetNVRM()
 		*out = append(*out, newEvent(rec, snapshot.EventProbeFailed, text))
 		return
 	}
 	starter := ""
-	if m := reGPUAt.FindStringSubmatch(text); m != nil {
+	if m := reGPUAt().FindStringSubmatch(text); m != nil {
 		starter = m[1]
-	} else if m := reTheGPU.FindStringSubmatch(text); m != nil {
+	} else if m := reTheGPU().FindStringSubmatch(text); m != nil {
 		starter = m[1]
 	}
 	if starter != "" {
@@ -151,7 +150,7 @@ func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
 			return
 		}
 		dev := ""
-		if a := reAnyAddr.FindString(text); a != "" {
+		if a := reAnyAddr().FindString(text); a != "" {
 			dev = canonical(a)
 		}
 		if dev == "" {
@@ -193,12 +192,12 @@ func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
 // text. "<unknown>" stays unknown.
 func pidName(s string) (int, string) {
 	pid, name := 0, ""
-	if m := rePID.FindStringSubmatch(s); m != nil {
+	if m := rePID().FindStringSubmatch(s); m != nil {
 		if n, err := strconv.Atoi(m[1]); err == nil && n > 0 {
 			pid = n
 		}
 		s = s[len(m[0]):]
-		if m := reName.FindStringSubmatch(s); m != nil {
+		if m := reName().FindStringSubmatch(s); m != nil {
 			if v := strings.TrimSpace(m[1]); v != "" && !strings.Contains(v, "<unknown>") {
 				name = v
 			}
@@ -208,7 +207,7 @@ func pidName(s string) (int, string) {
 }
 
 func (b *builder) sxid(rec *record, text string, out *[]snapshot.Event) bool {
-	m := reSXid.FindStringSubmatch(text)
+	m := reSXid().FindStringSubmatch(text)
 	if m == nil {
 		return false
 	}
@@ -233,7 +232,7 @@ func (b *builder) sxid(rec *record, text string, out *[]snapshot.Event) bool {
 
 func (b *builder) amdgpu(rec *record, text string, out *[]snapshot.Event) bool {
 	dev := ""
-	if m := reDevPrefix.FindStringSubmatch(text); m != nil && m[1] == "amdgpu" {
+	if m := reDevPrefix().FindStringSubmatch(text); m != nil && m[1] == "amdgpu" {
 		dev = canonical(m[2])
 	} else if !strings.HasPrefix(text, "amdgpu:") && !strings.Contains(text, "[amdgpu]]") &&
 		!strings.HasPrefix(text, "[drm:amdgpu_") {
@@ -251,16 +250,16 @@ func (b *builder) amdgpu(rec *record, text string, out *[]snapshot.Event) bool {
 	if i := strings.Index(text, "amdgpu: "); i >= 0 {
 		body = text[i+len("amdgpu: "):]
 	}
-	if b.openKind == "amdgpu" && (dev == "" || dev == b.open.Device) && reAMDDetail.MatchString(strings.TrimSpace(body)) {
-		if m := reProcess.FindStringSubmatch(body); m != nil && b.open.PID == 0 {
+	if b.openKind == "amdgpu" && (dev == "" || dev == b.open.Device) && reAMDDetail().MatchString(strings.TrimSpace(body)) {
+		if m := reProcess().FindStringSubmatch(body); m != nil && b.open.PID == 0 {
 			b.open.Process = m[1]
 			b.open.PID, _ = strconv.Atoi(m[2])
 		}
 		b.attach(text)
 		return true
 	}
-	primary := reAMDPrimary.MatchString(text)
-	if !primary && !reAMDSecondary.MatchString(text) {
+	primary := reAMDPrimary().MatchString(text)
+	if !primary && !reAMDSecondary().MatchString(text) {
 		return false
 	}
 	if !primary && b.openKind == "amdgpu" && (dev == "" || dev == b.open.Device) && b.attach(text) {
@@ -280,10 +279,10 @@ func (b *builder) amdgpu(rec *record, text string, out *[]snapshot.Event) bool {
 
 func (b *builder) aer(rec *record, text string, out *[]snapshot.Event) bool {
 	dev := ""
-	if m := reDevPrefix.FindStringSubmatch(text); m != nil {
+	if m := reDevPrefix().FindStringSubmatch(text); m != nil {
 		dev = canonical(m[2])
 	}
-	if m := reAERReceived.FindStringSubmatch(text); m != nil {
+	if m := reAERReceived().FindStringSubmatch(text); m != nil {
 		if m[2] != "" {
 			dev = canonical(m[2])
 		}
@@ -294,7 +293,7 @@ func (b *builder) aer(rec *record, text string, out *[]snapshot.Event) bool {
 		b.start(out, ev, "aer")
 		return true
 	}
-	if m := rePCIeBusErr.FindStringSubmatch(text); m != nil {
+	if m := rePCIeBusErr().FindStringSubmatch(text); m != nil {
 		if b.openKind == "aer" && (dev == "" || b.open.Device == "" || b.open.Device == dev) &&
 			!strings.Contains(b.open.Message, "PCIe Bus Error") {
 			if b.open.Device == "" {
@@ -312,10 +311,10 @@ func (b *builder) aer(rec *record, text string, out *[]snapshot.Event) bool {
 	}
 	if b.openKind == "aer" {
 		body := text
-		if m := reDevPrefix.FindStringSubmatch(text); m != nil {
+		if m := reDevPrefix().FindStringSubmatch(text); m != nil {
 			body = text[len(m[0]):]
 		}
-		if reAERDetail.MatchString(body) && b.attach(text) {
+		if reAERDetail().MatchString(body) && b.attach(text) {
 			return true
 		}
 	}

@@ -1,7 +1,6 @@
 package kmsg
 
 import (
-	"regexp"
 	"strings"
 
 	"kiln.dev/kiln/snapshot"
@@ -12,14 +11,14 @@ import (
 const pciAddr = `[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?`
 
 var (
-	rePCIEnum   = regexp.MustCompile(`^pci (` + pciAddr + `): \[([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\] type [0-9a-fA-F]{2} class 0x([0-9a-fA-F]{6})`)
-	reNVSwProbe = regexp.MustCompile(`nvidia-nvswitch: Probing device (` + pciAddr + `), Vendor Id = 0x([0-9a-fA-F]{1,4}), Device Id = 0x([0-9a-fA-F]{1,4}), Class = 0x([0-9a-fA-F]{1,6})`)
-	reDRMInit   = regexp.MustCompile(`\[drm\] Initialized (\S+) \S+ \d+ for (` + pciAddr + `) on minor \d+`)
-	reGPUAt     = regexp.MustCompile(`NVRM: GPU at PCI:(` + pciAddr + `): (GPU-[0-9a-fA-F-]{8,})`)
-	reSerial    = regexp.MustCompile(`NVRM: GPU Board Serial Number: (\S+)`)
-	reTheGPU    = regexp.MustCompile(`NVRM: The NVIDIA GPU (` + pciAddr + `)`)
-	rePCIID     = regexp.MustCompile(`\(PCI ID: ([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\)`)
-	reNVVersion = regexp.MustCompile(`Kernel Module(?: for \S+)?\s+(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)\b`)
+	rePCIEnum   = lazyRegexp(`^pci (` + pciAddr + `): \[([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\] type [0-9a-fA-F]{2} class 0x([0-9a-fA-F]{6})`)
+	reNVSwProbe = lazyRegexp(`nvidia-nvswitch: Probing device (` + pciAddr + `), Vendor Id = 0x([0-9a-fA-F]{1,4}), Device Id = 0x([0-9a-fA-F]{1,4}), Class = 0x([0-9a-fA-F]{1,6})`)
+	reDRMInit   = lazyRegexp(`\[drm\] Initialized (\S+) \S+ \d+ for (` + pciAddr + `) on minor \d+`)
+	reGPUAt     = lazyRegexp(`NVRM: GPU at PCI:(` + pciAddr + `): (GPU-[0-9a-fA-F-]{8,})`)
+	reSerial    = lazyRegexp(`NVRM: GPU Board Serial Number: (\S+)`)
+	reTheGPU    = lazyRegexp(`NVRM: The NVIDIA GPU (` + pciAddr + `)`)
+	rePCIID     = lazyRegexp(`\(PCI ID: ([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\)`)
+	reNVVersion = lazyRegexp(`Kernel Module(?: for \S+)?\s+(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)\b`)
 )
 
 // drmGPUDrivers are the DRM drivers whose devices are GPUs, with the name
@@ -46,19 +45,19 @@ func (f *factSet) observe(text string) {
 	last := f.last
 	f.last = ""
 	if strings.HasPrefix(text, "pci ") {
-		if m := rePCIEnum.FindStringSubmatch(text); m != nil {
+		if m := rePCIEnum().FindStringSubmatch(text); m != nil {
 			f.addPCI(m[1], m[2], m[3], m[4])
 		}
 		return
 	}
 	if strings.Contains(text, "nvidia-nvswitch: Probing") {
-		if m := reNVSwProbe.FindStringSubmatch(text); m != nil {
+		if m := reNVSwProbe().FindStringSubmatch(text); m != nil {
 			f.addPCI(m[1], leftPad(m[2], 4), leftPad(m[3], 4), leftPad(m[4], 6))
 		}
 		return
 	}
 	if strings.Contains(text, "[drm] Initialized") {
-		if m := reDRMInit.FindStringSubmatch(text); m != nil {
+		if m := reDRMInit().FindStringSubmatch(text); m != nil {
 			if drv, ok := drmGPUDrivers[m[1]]; ok {
 				f.addDevice(Device{Address: m[2], Driver: drv})
 			}
@@ -68,27 +67,27 @@ func (f *factSet) observe(text string) {
 	if !strings.Contains(text, "NVRM") {
 		return
 	}
-	if m := reGPUAt.FindStringSubmatch(text); m != nil {
+	if m := reGPUAt().FindStringSubmatch(text); m != nil {
 		if a := f.addDevice(Device{Address: m[1], Driver: "nvidia", VendorID: "10de", UUID: m[2]}); a != "" {
 			f.last = a
 		}
 		return
 	}
-	if m := reSerial.FindStringSubmatch(text); m != nil {
+	if m := reSerial().FindStringSubmatch(text); m != nil {
 		if d := f.devices[last]; d != nil && d.Serial == "" {
 			d.Serial = m[1]
 		}
 		return
 	}
-	if m := reTheGPU.FindStringSubmatch(text); m != nil {
+	if m := reTheGPU().FindStringSubmatch(text); m != nil {
 		d := Device{Address: m[1], Driver: "nvidia"}
-		if id := rePCIID.FindStringSubmatch(text); id != nil {
+		if id := rePCIID().FindStringSubmatch(text); id != nil {
 			d.VendorID, d.DeviceID = strings.ToLower(id[1]), strings.ToLower(id[2])
 		}
 		f.last = f.addDevice(d)
 		return
 	}
-	if id := rePCIID.FindStringSubmatch(text); id != nil {
+	if id := rePCIID().FindStringSubmatch(text); id != nil {
 		// "NVRM: (PCI ID: 10de:26b5) installed in this system has" printed
 		// as its own line after "NVRM: The NVIDIA GPU 0000:b3:00.0".
 		if d := f.devices[last]; d != nil && d.DeviceID == "" {
@@ -97,7 +96,7 @@ func (f *factSet) observe(text string) {
 		return
 	}
 	if strings.Contains(text, "NVIDIA UNIX") {
-		if m := reNVVersion.FindStringSubmatch(text); m != nil {
+		if m := reNVVersion().FindStringSubmatch(text); m != nil {
 			f.nvidia = &NVIDIADriver{Version: m[1], Open: strings.Contains(text, "Open Kernel Module")}
 		}
 	}

@@ -89,7 +89,7 @@ func (r *Reader) feed(line string) {
 	case lineSkip:
 		return
 	case lineDict:
-		if m := reKmsgDict.FindStringSubmatch(line); m != nil && m[1] == "DEVICE" && r.pend != nil {
+		if m := reKmsgDict().FindStringSubmatch(line); m != nil && m[1] == "DEVICE" && r.pend != nil {
 			if a, ok := strings.CutPrefix(m[2], "+pci:"); ok {
 				if c, err := snapshot.CanonicalPCI(a); err == nil {
 					r.pend.device = c
