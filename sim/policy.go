@@ -1,9 +1,11 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 
 	"kiln.dev/kiln/sched/frag"
@@ -70,6 +72,41 @@ func ParsePolicies(s string) ([]string, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no policy given: want one or more of %s", strings.Join(PolicyNames(), ", "))
+	}
+	return out, nil
+}
+
+// ParseSeeds reads a seed list: a range "42-51", numbers "42,43,50", or
+// both ("42-45,50").
+func ParseSeeds(s string) ([]int64, error) {
+	var out []int64
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(part, "-"); ok && lo != "" {
+			a, err1 := strconv.ParseInt(strings.TrimSpace(lo), 10, 64)
+			b, err2 := strconv.ParseInt(strings.TrimSpace(hi), 10, 64)
+			if err1 != nil || err2 != nil || b < a {
+				return nil, fmt.Errorf("cannot read %q as a seed range like 42-51", part)
+			}
+			if b-a >= 1000 {
+				return nil, fmt.Errorf("range %q has more than 1000 seeds", part)
+			}
+			for v := a; v <= b; v++ {
+				out = append(out, v)
+			}
+			continue
+		}
+		v, err := strconv.ParseInt(part, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read %q as a seed", part)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no seed given")
 	}
 	return out, nil
 }

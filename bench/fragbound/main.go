@@ -31,8 +31,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 
 	"kiln.dev/kiln/sim"
 )
@@ -45,7 +43,7 @@ func main() {
 	step := flag.Float64("step", 0.1, "width of the arrival intervals the moment T is looked for in, percent of capacity")
 	verbose := flag.Bool("v", false, "print each interval's bound")
 	flag.Parse()
-	ss, err := parseSeeds(*seeds)
+	ss, err := sim.ParseSeeds(*seeds)
 	if err != nil {
 		fail(err)
 	}
@@ -278,30 +276,6 @@ func maximalPatterns(sizes []int, capacity int) [][]int {
 	}
 	rec(len(sizes)-1, capacity)
 	return out
-}
-
-func parseSeeds(s string) ([]int64, error) {
-	if a, b, ok := strings.Cut(s, "-"); ok {
-		lo, err1 := strconv.ParseInt(a, 10, 64)
-		hi, err2 := strconv.ParseInt(b, 10, 64)
-		if err1 != nil || err2 != nil || hi < lo {
-			return nil, fmt.Errorf("seeds %q: want a range such as 42-51", s)
-		}
-		var out []int64
-		for v := lo; v <= hi; v++ {
-			out = append(out, v)
-		}
-		return out, nil
-	}
-	var out []int64
-	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("seeds %q: want numbers such as 42,43", s)
-		}
-		out = append(out, v)
-	}
-	return out, nil
 }
 
 func fail(err error) {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -121,7 +120,7 @@ func runSim(cmd *cobra.Command, f simFlags) error {
 	if err != nil {
 		return &exitError{code: 3, err: fmt.Errorf("--policies: %w", err)}
 	}
-	seeds, err := parseSeeds(f.seeds)
+	seeds, err := sim.ParseSeeds(f.seeds)
 	if err != nil {
 		return &exitError{code: 3, err: fmt.Errorf("--seeds: %w", err)}
 	}
@@ -291,40 +290,6 @@ func podLists(dir, spec string) ([]string, error) {
 	}
 	if len(out) == 0 {
 		return nil, errors.New("--pods: no pod list given")
-	}
-	return out, nil
-}
-
-// parseSeeds reads "42-51" or "42,43,50".
-func parseSeeds(s string) ([]int64, error) {
-	var out []int64
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		if lo, hi, ok := strings.Cut(part, "-"); ok && lo != "" {
-			a, err1 := strconv.ParseInt(strings.TrimSpace(lo), 10, 64)
-			b, err2 := strconv.ParseInt(strings.TrimSpace(hi), 10, 64)
-			if err1 != nil || err2 != nil || b < a {
-				return nil, fmt.Errorf("cannot read %q as a seed range like 42-51", part)
-			}
-			if b-a >= 1000 {
-				return nil, fmt.Errorf("range %q has more than 1000 seeds", part)
-			}
-			for v := a; v <= b; v++ {
-				out = append(out, v)
-			}
-			continue
-		}
-		v, err := strconv.ParseInt(part, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("cannot read %q as a seed", part)
-		}
-		out = append(out, v)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no seed given")
 	}
 	return out, nil
 }
