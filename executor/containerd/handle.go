@@ -21,6 +21,7 @@ import (
 type handle struct {
 	id      string
 	logPath string
+	logFile *os.File // the job's output is appended here until it ends
 	poll    time.Duration
 	task    client.Task
 	done    chan struct{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	client "github.com/containerd/containerd/v2/client"
@@ -61,28 +62,39 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 	// that keeps the namespace but not the caller's deadline.
 	bg := context.WithoutCancel(ctx)
 	logPath := e.LogPath(job.ID)
-	if err := os.WriteFile(logPath, nil, 0o640); err != nil {
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o640)
+	if err != nil {
 		e.remove(bg, ctr, nil)
 		return nil, fmt.Errorf("job %s: log file: %w", job.ID, err)
 	}
-	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
+	// The job's stdout and stderr reach this process through FIFOs and are
+	// appended to its log file here (an *os.File takes concurrent writes).
+	// Not the shim's own file logging: the shim gives its copy of the
+	// output only 2 s after the task is deleted, and on a loaded machine
+	// lines went missing; the client waits for these FIFOs to drain before
+	// it deletes the task.
+	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, logFile, logFile), cio.WithFIFODir(filepath.Join(e.cfg.LogDir, "fifo"))))
 	if err != nil {
+		logFile.Close()
 		e.remove(bg, ctr, nil)
 		return nil, fmt.Errorf("job %s: creating task: %w", job.ID, err)
 	}
 	exitCh, err := task.Wait(bg)
 	if err != nil {
 		e.remove(bg, ctr, task)
+		logFile.Close()
 		return nil, fmt.Errorf("job %s: %w", job.ID, err)
 	}
 	if err := task.Start(ctx); err != nil {
 		e.remove(bg, ctr, task)
+		logFile.Close()
 		return nil, fmt.Errorf("job %s: starting: %w", job.ID, err)
 	}
 	e.log.Info("job started", "job", job.ID, "image", image.Name(), "pid", task.Pid())
 	h := &handle{
 		id:      job.ID,
 		logPath: logPath,
+		logFile: logFile,
 		poll:    e.cfg.PollInterval,
 		task:    task,
 		done:    make(chan struct{}),
@@ -105,12 +117,15 @@ func (e *Executor) remove(ctx context.Context, ctr client.Container, task client
 	}
 }
 
-// watch waits for the task to end, removes it (which flushes its output
-// to the log file), then records the exit.
+// watch waits for the task to end, removes it (the client first waits for
+// its output to drain into the log file), then records the exit.
 func (h *handle) watch(ctx context.Context, e *Executor, ctr client.Container, exitCh <-chan client.ExitStatus) {
 	st := <-exitCh
 	code, at, err := st.Result()
 	e.remove(ctx, ctr, h.task)
+	if err := h.logFile.Close(); err != nil {
+		e.log.Warn("closing job log", "job", h.id, "err", err)
+	}
 	exit := executor.Exit{Code: int(code), Finished: at, Reason: "exited"}
 	var waitErr error
 	if err != nil {
