@@ -211,7 +211,16 @@ func untarGz(data []byte) (fs.FS, error) {
 		if total > maxFile {
 			return nil, fmt.Errorf("tar unpacks to more than %d MB", maxFile>>20)
 		}
-		b, err := io.ReadAll(tr)
+		// A KFD tree has thousands of small files: each is read into one
+		// buffer of its size. Sizes from the header are trusted only up to
+		// 1 MB; a larger entry is read as its bytes come.
+		var b []byte
+		if h.Size <= 1<<20 {
+			b = make([]byte, h.Size)
+			_, err = io.ReadFull(tr, b)
+		} else {
+			b, err = io.ReadAll(tr)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reading tar entry %s: %w", h.Name, err)
 		}
