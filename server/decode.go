@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"regexp"
 	"strings"
 
 	"kiln.dev/kiln/server/api"
@@ -72,11 +71,65 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-var (
-	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-	versionRE = regexp.MustCompile(`^[0-9]{1,5}(\.[0-9]{1,5}){0,3}$`)
-)
+// The checks below are plain loops, not regular expressions: bounded
+// repetitions such as {0,127} compile to large programs, which every kiln
+// command paid for at start (2,400 allocations).
+
+// validName: a project, user or node name: 1-63 characters, lowercase
+// letters, digits, '.', '_' or '-', the first a letter or digit.
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validEnvKey: an environment variable name: 1-128 characters, letters,
+// digits and '_', not starting with a digit.
+func validEnvKey(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c == '_':
+		case i > 0 && c >= '0' && c <= '9':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validVersion: one to four dot-separated numbers of one to five digits
+// ("12", "12.2", "535.183.01").
+func validVersion(s string) bool {
+	parts := strings.Split(s, ".")
+	if len(parts) > 4 {
+		return false
+	}
+	for _, p := range parts {
+		if len(p) == 0 || len(p) > 5 {
+			return false
+		}
+		for i := 0; i < len(p); i++ {
+			if p[i] < '0' || p[i] > '9' {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // parseLeaseRequest decodes and checks a lease request.
 func parseLeaseRequest(b []byte) (api.LeaseRequest, error) {
@@ -88,7 +141,7 @@ func parseLeaseRequest(b []byte) (api.LeaseRequest, error) {
 }
 
 func checkLeaseRequest(r *api.LeaseRequest) error {
-	if r.Project != "" && !nameRE.MatchString(r.Project) {
+	if r.Project != "" && !validName(r.Project) {
 		return fmt.Errorf("project %q: want lowercase letters, digits, '.', '_' or '-'", trunc(r.Project))
 	}
 	if len(r.Name) > 128 {
@@ -131,7 +184,7 @@ func checkLeaseRequest(r *api.LeaseRequest) error {
 	}
 	c := &r.Constraints
 	for k, v := range map[string]string{"min_compute_capability": c.MinComputeCapability, "min_driver": c.MinDriver, "min_cuda": c.MinCUDA} {
-		if v != "" && !versionRE.MatchString(v) {
+		if v != "" && !validVersion(v) {
 			return fmt.Errorf("constraints.%s %q: want a version such as 12.2", k, trunc(v))
 		}
 	}
@@ -179,7 +232,7 @@ func checkJobSpec(j *api.JobSpec) error {
 		return errors.New("job.env: at most 1024 variables")
 	}
 	for k, v := range j.Env {
-		if !envKeyRE.MatchString(k) {
+		if !validEnvKey(k) {
 			return fmt.Errorf("job.env: %q is not a variable name", trunc(k))
 		}
 		if strings.ContainsRune(v, 0) {
@@ -205,14 +258,14 @@ func parseTokenRequest(b []byte) (api.TokenRequest, error) {
 	if err := decodeJSON(b, &r); err != nil {
 		return r, err
 	}
-	if r.User != "" && !nameRE.MatchString(r.User) {
+	if r.User != "" && !validName(r.User) {
 		return r, fmt.Errorf("user %q: want lowercase letters, digits, '.', '_' or '-'", trunc(r.User))
 	}
 	if r.Role != "" && r.Role != api.RoleAdmin && r.Role != api.RoleMember {
 		return r, fmt.Errorf("role %q: want admin or member", trunc(r.Role))
 	}
 	for _, p := range r.Projects {
-		if !nameRE.MatchString(p) {
+		if !validName(p) {
 			return r, fmt.Errorf("project %q: want lowercase letters, digits, '.', '_' or '-'", trunc(p))
 		}
 	}
@@ -231,7 +284,7 @@ func parseProject(b []byte) (api.Project, error) {
 	if err := decodeJSON(b, &p); err != nil {
 		return p, err
 	}
-	if !nameRE.MatchString(p.Name) {
+	if !validName(p.Name) {
 		return p, fmt.Errorf("name %q: want lowercase letters, digits, '.', '_' or '-'", trunc(p.Name))
 	}
 	if math.IsNaN(p.Weight) || p.Weight < 0 || p.Weight > 1e6 || math.IsNaN(p.MaxGPUs) || p.MaxGPUs < 0 || p.MaxGPUs > 1e6 || math.IsNaN(p.GPUHours) || p.GPUHours < 0 || p.GPUHours > 1e12 {
@@ -261,7 +314,7 @@ func parseJoin(b []byte) (api.JoinRequest, error) {
 	if err := decodeJSON(b, &j); err != nil {
 		return j, err
 	}
-	if !nameRE.MatchString(j.Node) {
+	if !validName(j.Node) {
 		return j, fmt.Errorf("node %q: want lowercase letters, digits, '.', '_' or '-' (at most 63)", trunc(j.Node))
 	}
 	if j.Token == "" || j.CSRPEM == "" {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"regexp"
 	"testing"
 
 	"kiln.dev/kiln/server/api"
@@ -89,5 +90,32 @@ func FuzzParseAgentMessages(f *testing.F) {
 			t.Fatalf("role %q accepted", r.Role)
 		}
 		_, _ = parseDrain(b)
+	})
+}
+
+// The name, environment key and version checks agree with the grammar they
+// implement, written as regular expressions.
+var (
+	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	versionRE = regexp.MustCompile(`^[0-9]{1,5}(\.[0-9]{1,5}){0,3}$`)
+)
+
+func FuzzValidators(f *testing.F) {
+	for _, s := range []string{"", "a", "vision", "Vision", "-a", "a-", "a.b_c-d", "9", "12.2", "535.183.01", "1.2.3.4",
+		"1.2.3.4.5", "123456", "1..2", ".1", "1.", "_X", "A_1", "1A", "a b", "a\n", "ü",
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := validName(s), nameRE.MatchString(s); got != want {
+			t.Errorf("validName(%q) = %v, want %v", s, got, want)
+		}
+		if got, want := validEnvKey(s), envKeyRE.MatchString(s); got != want {
+			t.Errorf("validEnvKey(%q) = %v, want %v", s, got, want)
+		}
+		if got, want := validVersion(s), versionRE.MatchString(s); got != want {
+			t.Errorf("validVersion(%q) = %v, want %v", s, got, want)
+		}
 	})
 }
