@@ -43,7 +43,6 @@ func decodeJSON(b []byte, v any) error {
 	return nil
 }
 
-// readBody reads at most limit bytes.
 // readRequest reads a request's body (at most limit bytes) and parses it;
 // on bad or oversized input it answers 400 or 413 and returns false.
 func readRequest[T any](w http.ResponseWriter, r *http.Request, limit int64, parse func([]byte) (T, error)) (T, bool) {
@@ -60,6 +59,7 @@ func readRequest[T any](w http.ResponseWriter, r *http.Request, limit int64, par
 	return zero, false
 }
 
+// readBody reads at most limit bytes.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
@@ -78,33 +78,25 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 // validName: a project, user or node name: 1-63 characters, lowercase
 // letters, digits, '.', '_' or '-', the first a letter or digit.
 func validName(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case i > 0 && (c == '.' || c == '_' || c == '-'):
-		default:
-			return false
-		}
-	}
-	return true
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
+	return validWord(s, 63, alnum, func(c byte) bool { return alnum(c) || c == '.' || c == '_' || c == '-' })
 }
 
 // validEnvKey: an environment variable name: 1-128 characters, letters,
 // digits and '_', not starting with a digit.
 func validEnvKey(s string) bool {
-	if len(s) == 0 || len(s) > 128 {
+	letter := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' }
+	return validWord(s, 128, letter, func(c byte) bool { return letter(c) || c >= '0' && c <= '9' })
+}
+
+// validWord: 1 to max bytes, the first one that first accepts, the others
+// ones that rest accepts.
+func validWord(s string, max int, first, rest func(byte) bool) bool {
+	if len(s) == 0 || len(s) > max || !first(s[0]) {
 		return false
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c == '_':
-		case i > 0 && c >= '0' && c <= '9':
-		default:
+	for i := 1; i < len(s); i++ {
+		if !rest(s[i]) {
 			return false
 		}
 	}
