@@ -56,6 +56,9 @@ func main() {
 		capGPUs += int64(n.GPUs)
 	}
 	sizes := fractionalShares(tr.Pods)
+	if len(sizes) == 0 {
+		fail(fmt.Errorf("pod list %s has no fractional tasks: every GPU task takes whole GPUs, which leave nothing unallocated", *pods))
+	}
 	patterns := maximalPatterns(sizes, 1000)
 	fmt.Printf("%s: %d GPUs, %d fractional shares, %d ways to fill a GPU\n", *pods, capGPUs, len(sizes), len(patterns))
 	fmt.Printf("%6s %8s %14s %12s\n", "seed", "best T%", "unallocated", "alloc max %")
@@ -85,7 +88,7 @@ func main() {
 func fractionalShares(pods []sim.Pod) []int {
 	var sizes []int
 	for _, p := range pods {
-		if p.GPUs == 1 && p.GPUMilli > 0 && p.GPUMilli < 1000 && !slices.Contains(sizes, int(p.GPUMilli)) {
+		if p.Sharing() && !slices.Contains(sizes, int(p.GPUMilli)) {
 			sizes = append(sizes, int(p.GPUMilli))
 		}
 	}
@@ -104,16 +107,16 @@ func leastUnallocated(pods []sim.Pod, order []int, sizes []int, patterns [][]int
 	// the fractional work there is); the linear program only where that
 	// bound leaves room below the best so far.
 	ivs := intervals(pods, order, sizes, capGPUs, step)
-	cheap := func(iv interval) float64 {
+	for i := range ivs {
 		var all float64
 		for k, z := range sizes {
-			all += (iv.forced[k] + iv.optional[k]) * float64(z)
+			all += (ivs[i].forced[k] + ivs[i].optional[k]) * float64(z)
 		}
-		return 1000*iv.binsMin - all
+		ivs[i].cheap = 1000*ivs[i].binsMin - all
 	}
-	slices.SortFunc(ivs, func(a, b interval) int { return cmp.Compare(cheap(a), cheap(b)) })
+	slices.SortFunc(ivs, func(a, b interval) int { return cmp.Compare(a.cheap, b.cheap) })
 	for _, iv := range ivs {
-		if cheap(iv) >= best {
+		if iv.cheap >= best {
 			break
 		}
 		w, err := bound(iv, sizes, patterns)
@@ -144,6 +147,7 @@ type interval struct {
 	lo, hi           float64 // percent of capacity arrived
 	forced, optional []float64
 	binsMin, binsMax float64
+	cheap            float64 // a quick lower bound: see leastUnallocated
 }
 
 // intervals cuts the arrivals into pieces of step percent of capacity.
@@ -155,7 +159,7 @@ type interval struct {
 func intervals(pods []sim.Pod, order []int, sizes []int, capGPUs int64, step float64) []interval {
 	n := len(sizes)
 	frac := func(p sim.Pod) int {
-		if p.GPUs == 1 && p.GPUMilli > 0 && p.GPUMilli < 1000 {
+		if p.Sharing() {
 			return slices.Index(sizes, int(p.GPUMilli))
 		}
 		return -1

@@ -88,6 +88,28 @@ func TestBoundToy(t *testing.T) {
 	}
 }
 
+// The GPU count bounds of an interval: two forced 810s need two GPUs, so
+// with one GPU left by whole-GPU tasks there is no packing, and with two
+// GPUs that must hold shares the two 810s leave 380 milli.
+func TestBoundGPUCount(t *testing.T) {
+	sizes := []int{810}
+	patterns := maximalPatterns(sizes, 1000)
+	iv := interval{forced: []float64{2}, optional: []float64{0}, binsMin: 0, binsMax: 1}
+	if _, err := bound(iv, sizes, patterns); !errors.Is(err, errInfeasible) {
+		t.Errorf("two 810s on at most one GPU: %v, want infeasible", err)
+	}
+	iv.binsMax = 2
+	if w, err := bound(iv, sizes, patterns); err != nil || math.Abs(w-380) > 1e-6 {
+		t.Errorf("two 810s on two GPUs: %v, %v; want 380", w, err)
+	}
+	// Three GPUs must be taken but only two 810s exist: the relaxation
+	// counts the third as wholly unallocated (it never says less).
+	iv.binsMin, iv.binsMax = 3, 3
+	if w, err := bound(iv, sizes, patterns); err != nil || math.Abs(w-1380) > 1e-6 {
+		t.Errorf("two 810s on three GPUs: %v, %v; want 1380", w, err)
+	}
+}
+
 // On the Alibaba trace the bound is below what the simulator's policies
 // leave (it holds for any policy) and well above nothing.
 func TestBoundBelowPolicies(t *testing.T) {
