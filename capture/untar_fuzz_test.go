@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"io/fs"
 	"testing"
 )
@@ -80,4 +81,14 @@ func FuzzUntarGz(f *testing.F) {
 			t.Fatalf("walking the unpacked tree: %v", err)
 		}
 	})
+}
+
+// BenchmarkLoadKFDTarball: the MI300X CPX capture, 8,268 tar entries
+// (gunzip, untar, read the KFD tree): what kiln doctor --from spends on it.
+func BenchmarkLoadKFDTarball(b *testing.B) {
+	for b.Loop() {
+		if _, err := Load(context.Background(), "../testdata/captures/kfd-topology/mi300x-x8-cpx.tar.gz"); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
