@@ -11,21 +11,19 @@
 package capture
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"kiln.dev/kiln/kmsg"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 // FileImporter reads one capture file.
@@ -39,6 +37,18 @@ type FileImporter struct {
 	Detect func(name string, data []byte) bool
 	// Parse turns the file into a Snapshot. It must not panic.
 	Parse func(name string, data []byte) (*snapshot.Snapshot, error)
+	// Generic marks a format that is recognised by its lines' shape
+	// rather than by a marker of its own (kernel logs): generic formats
+	// are tried after every other one, and only where a kernel log may
+	// be (not inside another tool's section of a bundle).
+	Generic bool
+	// Fallback marks a format tried after the specific ones but before
+	// the generic ones: the error output of a tool that failed, which is
+	// also a line inside other formats.
+	Fallback bool
+	// ParseReader, when set, reads a file too large to hold in memory
+	// as it streams.
+	ParseReader func(name string, r io.Reader) (*snapshot.Snapshot, error)
 }
 
 // TreeImporter reads a directory capture (a copy of a sysfs subtree).
@@ -54,10 +64,27 @@ var (
 )
 
 // RegisterFile adds a file importer. Importers are tried in the order of
-// their Kind's name; Detect functions must therefore not overlap.
+// their Kind's name, generic ones last; Detect functions must therefore not
+// overlap.
 func RegisterFile(imp FileImporter) {
 	fileImporters = append(fileImporters, imp)
-	sort.SliceStable(fileImporters, func(i, j int) bool { return fileImporters[i].Kind < fileImporters[j].Kind })
+	sort.SliceStable(fileImporters, func(i, j int) bool {
+		a, b := fileImporters[i], fileImporters[j]
+		if a.tier() != b.tier() {
+			return a.tier() < b.tier()
+		}
+		return a.Kind < b.Kind
+	})
+}
+
+func (f FileImporter) tier() int {
+	switch {
+	case f.Generic:
+		return 2
+	case f.Fallback:
+		return 1
+	}
+	return 0
 }
 
 // RegisterTree adds a directory importer.
@@ -88,24 +115,63 @@ const maxFile = 256 << 20
 // ErrUnknownFormat is returned for a file no importer recognises.
 var ErrUnknownFormat = errors.New("not a capture format kiln reads")
 
-// ParseBytes detects the format of one file's contents and parses it.
+// ParseBytes detects the format of one file's contents and parses it. The
+// content is found inside whatever wraps it (see package unwrap): encodings,
+// colours, prompts, and a prefix in front of every line.
 func ParseBytes(name string, data []byte) (*snapshot.Snapshot, error) {
+	return parseBytes(name, data, true)
+}
+
+func parseBytes(name string, data []byte, generic bool) (*snapshot.Snapshot, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fmt.Errorf("%s: file is empty", name)
 	}
 	base := path.Base(filepath.ToSlash(name))
-	head := data[:min(len(data), detectHead)]
-	for _, imp := range fileImporters {
-		if imp.Detect(base, head) {
-			s, err := imp.Parse(base, data)
+	clean := unwrap.Clean(data)
+	cands := []candidate{{data: clean.Data, notes: clean.Notes}}
+	if stripped, what, ok := unwrap.StripPrefix(clean.Data); ok {
+		c := candidate{data: stripped, notes: append(append([]string(nil), clean.Notes...), what)}
+		// A kernel log keeps its own per-line headers (they carry the
+		// times); every other format is read without the wrapper first.
+		if generic && kmsg.Sniff(clean.Data) {
+			cands = append(cands, c)
+		} else {
+			cands = append([]candidate{c}, cands...)
+		}
+	}
+	var firstErr error
+	for _, c := range cands {
+		head := c.data[:min(len(c.data), detectHead)]
+		for _, imp := range fileImporters {
+			if imp.Generic && !generic {
+				continue
+			}
+			if !imp.Detect(base, head) {
+				continue
+			}
+			s, err := imp.Parse(base, c.data)
 			if err != nil {
-				return nil, fmt.Errorf("%s: reading as %s: %w", name, imp.Kind, err)
+				if firstErr == nil {
+					firstErr = fmt.Errorf("%s: reading as %s: %w", name, imp.Kind, err)
+				}
+				continue
 			}
 			stamp(s, imp.Kind, name)
+			for _, n := range c.notes {
+				s.Notes = append(s.Notes, snapshot.Note{Source: imp.Kind, Message: n})
+			}
 			return s, nil
 		}
 	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
 	return nil, fmt.Errorf("%s: %w (formats: %s)", name, ErrUnknownFormat, strings.Join(Kinds(), ", "))
+}
+
+type candidate struct {
+	data  []byte
+	notes []string
 }
 
 // ParseTree detects the format of a directory capture and parses it.
@@ -133,114 +199,4 @@ func stamp(s *snapshot.Snapshot, kind, name string) {
 			s.Sources[i].Path = name
 		}
 	}
-}
-
-// Load reads each path (a file, a directory, or a .tar.gz of a directory),
-// parses it, and merges everything into one Snapshot of one machine.
-func Load(ctx context.Context, paths ...string) (*snapshot.Snapshot, error) {
-	if len(paths) == 0 {
-		return nil, errors.New("no capture given")
-	}
-	var parts []*snapshot.Snapshot
-	for _, p := range paths {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		s, err := loadPath(p)
-		if err != nil {
-			return nil, err
-		}
-		parts = append(parts, s)
-	}
-	return snapshot.Merge(parts...), nil
-}
-
-func loadPath(p string) (*snapshot.Snapshot, error) {
-	st, err := os.Stat(p)
-	if err != nil {
-		return nil, fmt.Errorf("capture: %w", err)
-	}
-	if st.IsDir() {
-		return ParseTree(os.DirFS(p), p)
-	}
-	if st.Size() > maxFile {
-		return nil, fmt.Errorf("%s: %d bytes is larger than any capture kiln reads (%d MB)", p, st.Size(), maxFile>>20)
-	}
-	data, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("capture: %w", err)
-	}
-	if isGzip(data) {
-		fsys, err := untarGz(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p, err)
-		}
-		return ParseTree(fsys, p)
-	}
-	return ParseBytes(p, data)
-}
-
-func isGzip(b []byte) bool { return len(b) > 2 && b[0] == 0x1f && b[1] == 0x8b }
-
-// untarGz unpacks a gzip'd tar into memory. When every entry sits under one
-// top folder, that folder becomes the root.
-func untarGz(data []byte) (fs.FS, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(data))
-	if err != nil {
-		return nil, fmt.Errorf("not a gzip file: %w", err)
-	}
-	tr := tar.NewReader(io.LimitReader(zr, maxFile))
-	m := map[string][]byte{}
-	var total int64
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading tar: %w", err)
-		}
-		if h.Typeflag != tar.TypeReg {
-			continue
-		}
-		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
-		if !fs.ValidPath(name) {
-			return nil, fmt.Errorf("tar entry %q: unsafe path", h.Name)
-		}
-		total += h.Size
-		if total > maxFile {
-			return nil, fmt.Errorf("tar unpacks to more than %d MB", maxFile>>20)
-		}
-		// A KFD tree has thousands of small files: each is read into one
-		// buffer of its size. Sizes from the header are trusted only up to
-		// 1 MB; a larger entry is read as its bytes come.
-		var b []byte
-		if h.Size <= 1<<20 {
-			b = make([]byte, h.Size)
-			_, err = io.ReadFull(tr, b)
-		} else {
-			b, err = io.ReadAll(tr)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading tar entry %s: %w", h.Name, err)
-		}
-		m[name] = b
-	}
-	if len(m) == 0 {
-		return nil, errors.New("tar holds no files")
-	}
-	// Strip a common top-level folder.
-	top := ""
-	for name := range m {
-		first, _, _ := strings.Cut(name, "/")
-		if !strings.Contains(name, "/") || (top != "" && top != first) {
-			return newMemFS(m), nil
-		}
-		top = first
-	}
-	trimmed := make(map[string][]byte, len(m))
-	for name, b := range m {
-		trimmed[name[len(top)+1:]] = b
-	}
-	return newMemFS(trimmed), nil
 }

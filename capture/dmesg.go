@@ -3,6 +3,7 @@ package capture
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 
@@ -15,7 +16,12 @@ import (
 // they hold, plus the GPUs, NVSwitches and NVIDIA kernel module the boot
 // messages name.
 func init() {
-	RegisterFile(FileImporter{Kind: "dmesg", Detect: detectDmesg, Parse: parseDmesg})
+	RegisterFile(FileImporter{Kind: "dmesg", Detect: detectDmesg, Generic: true,
+		Parse: func(name string, data []byte) (*snapshot.Snapshot, error) {
+			return parseDmesg(name, bytes.NewReader(data))
+		},
+		ParseReader: parseDmesg,
+	})
 }
 
 func detectDmesg(_ string, data []byte) bool { return kmsg.Sniff(data) }
@@ -38,8 +44,8 @@ var driverVendors = map[string]string{
 	"xe":         snapshot.VendorIntel,
 }
 
-func parseDmesg(_ string, data []byte) (*snapshot.Snapshot, error) {
-	l, err := kmsg.Parse(bytes.NewReader(data))
+func parseDmesg(_ string, r io.Reader) (*snapshot.Snapshot, error) {
+	l, err := kmsg.Parse(r)
 	if err != nil {
 		return nil, fmt.Errorf("kernel log: %w", err)
 	}

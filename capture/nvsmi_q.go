@@ -177,6 +177,9 @@ func ParseNvidiaSMIQ(data []byte) (*snapshot.Snapshot, error) {
 		seen[g.PCIAddress] = len(s.GPUs)
 		s.GPUs = append(s.GPUs, g)
 		raws = append(raws, r)
+		if ev, ok := nvsmiQErrors(n, g.PCIAddress); ok {
+			s.Events = append(s.Events, ev)
+		}
 	}
 	notes.gpu = ""
 	driver, cuda := root.v("driver version"), root.v("cuda version")
@@ -190,7 +193,44 @@ func ParseNvidiaSMIQ(data []byte) (*snapshot.Snapshot, error) {
 	s.Drivers.FabricManager = nvsmiFabric(raws)
 	s.Notes = append(s.Notes, notes.notes...)
 	nvsmiWarnings(s, kindNvsmiQ, warnings)
+	s.Events = append(s.Events, scanToolErrors(data, kindNvsmiQ)...)
 	return s, nil
+}
+
+// nvsmiQErrors: a GPU section whose values say the GPU is lost or needs a
+// reset, or whose values are mostly "Unknown Error", is the report of a GPU
+// the driver cannot talk to.
+func nvsmiQErrors(n *nvsmiNode, addr string) (snapshot.Event, bool) {
+	vals, unknown := 0, 0
+	reason, what := "", ""
+	var walk func(*nvsmiNode)
+	walk = func(n *nvsmiNode) {
+		for _, k := range n.kids {
+			if k.hasVal {
+				vals++
+				l := strings.ToLower(k.val)
+				switch {
+				case strings.Contains(l, "gpu is lost"):
+					reason, what = snapshot.ToolGPULost, k.key+": "+k.val
+				case strings.Contains(l, "requires reset") && reason == "":
+					reason, what = snapshot.ToolGPUError, k.key+": "+k.val
+				case strings.Contains(l, "unknown error"):
+					unknown++
+				}
+			}
+			walk(k)
+		}
+	}
+	walk(n)
+	if reason == "" && (unknown < 5 || unknown*2 < vals) {
+		return snapshot.Event{}, false
+	}
+	if reason == "" {
+		reason = snapshot.ToolGPUError
+		what = fmt.Sprintf("%d of %d values read \"Unknown Error\"", unknown, vals)
+	}
+	return snapshot.Event{Source: kindNvsmiQ, Kind: snapshot.EventToolError, Reason: reason, Device: addr,
+		Message: "nvidia-smi -q for GPU " + addr + ": " + what}, true
 }
 
 // nvsmiLastTop is the last top-level value named key (files with several reports

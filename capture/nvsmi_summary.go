@@ -31,9 +31,15 @@ func init() {
 
 var nvsmiSummaryHeader = regexp.MustCompile(`^\|\s*NVIDIA-SMI\s+(\S+)`)
 
+// nvsmiSummaryGPURow is the first row of a GPU's box, "|   0  NVIDIA A40
+// On   | 00000000:1A:00.0 Off |   0 |": a table pasted without its header
+// is still one.
+var nvsmiSummaryGPURow = regexp.MustCompile(`^\|\s*\d{1,3}\s+.*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]`)
+
 func detectNvsmiSummary(_ string, data []byte) bool {
 	for _, ln := range strings.SplitN(string(data), "\n", 64) {
-		if nvsmiSummaryHeader.MatchString(strings.TrimSpace(ln)) {
+		t := strings.TrimSpace(ln)
+		if nvsmiSummaryHeader.MatchString(t) || nvsmiSummaryGPURow.MatchString(t) {
 			return true
 		}
 	}
@@ -92,25 +98,40 @@ func ParseNvidiaSMISummary(data []byte) (*snapshot.Snapshot, error) {
 			}
 		}
 	}
-	if header < 0 {
-		return nil, fmt.Errorf("no nvidia-smi table found (no \"| NVIDIA-SMI\" header line)")
-	}
 	// The GPU table starts after the first "|===" rule below the header and
-	// ends at the first line that is not part of a box.
+	// ends at the first line that is not part of a box. A table pasted
+	// without its header starts at its first GPU row.
 	i := header + 1
-	for i < len(lines) && !strings.HasPrefix(strings.TrimSpace(lines[i]), "|=") {
+	if header < 0 {
+		i = 0
+		for i < len(lines) && !nvsmiSummaryGPURow.MatchString(strings.TrimSpace(lines[i])) {
+			i++
+		}
+		if i == len(lines) {
+			return nil, fmt.Errorf("no nvidia-smi table found (no \"| NVIDIA-SMI\" header line and no GPU row)")
+		}
+		s.Sources = []snapshot.Source{{Kind: kindNvsmiSummary}}
+		notes.add("the table has no header: driver and CUDA versions unknown")
+	} else {
+		for i < len(lines) && !strings.HasPrefix(strings.TrimSpace(lines[i]), "|=") {
+			i++
+		}
+		if i == len(lines) {
+			return nil, fmt.Errorf("line %d: the nvidia-smi table has no \"|===\" rule above its GPU rows", header+1)
+		}
 		i++
 	}
-	if i == len(lines) {
-		return nil, fmt.Errorf("line %d: the nvidia-smi table has no \"|===\" rule above its GPU rows", header+1)
-	}
-	i++
 	var box []int // line numbers of the current GPU box
 	flush := func() error {
 		if len(box) == 0 {
 			return nil
 		}
 		g, err := nvsmiSummaryGPU(lines, box, notes)
+		if err == nil {
+			if ev, ok := nvsmiSummaryErrors(lines, box, g); ok {
+				s.Events = append(s.Events, ev)
+			}
+		}
 		box = box[:0]
 		if err != nil {
 			return err
@@ -147,6 +168,7 @@ func ParseNvidiaSMISummary(data []byte) (*snapshot.Snapshot, error) {
 	}
 	s.Notes = append(s.Notes, notes.notes...)
 	nvsmiWarnings(s, kindNvsmiSummary, warnings)
+	s.Events = append(s.Events, scanToolErrors(data, kindNvsmiSummary)...)
 	return s, nil
 }
 
@@ -180,20 +202,23 @@ func nvsmiSummaryGPU(lines []string, box []int, notes *nvsmiNotes) (snapshot.GPU
 			name = name[:len(name)-1]
 		}
 	}
-	// Cell 1: "00000000:19:00.0 Off"
-	bf := strings.Fields(r0[1])
-	if len(bf) == 0 {
-		return g, fmt.Errorf("%s: the GPU row has no Bus-Id", at(0))
+	// Cell 1: "00000000:19:00.0 Off" (or "00000000:19:00.0Off" where the
+	// columns ran together).
+	bus := rePCIInCell.FindString(r0[1])
+	if bus == "" {
+		return g, fmt.Errorf("%s: the GPU row has no Bus-Id in %q", at(0), r0[1])
 	}
-	addr, err := snapshot.CanonicalPCI(bf[0])
+	addr, err := snapshot.CanonicalPCI(bus)
 	if err != nil {
-		return g, fmt.Errorf("%s: cannot read %q as a PCI address: %w", at(0), bf[0], err)
+		return g, fmt.Errorf("%s: cannot read %q as a PCI address: %w", at(0), bus, err)
 	}
 	g.PCIAddress = addr
 	notes.gpu = addr
 	defer func() { notes.gpu = "" }()
 	model := strings.Join(name, " ")
-	if strings.HasSuffix(model, "...") {
+	if strings.HasPrefix(model, "ERR!") {
+		notes.add("product name reads ERR! (the driver could not read it); model left unknown")
+	} else if strings.HasSuffix(model, "...") {
 		notes.add("product name printed cut to %q; model left unknown", model)
 	} else {
 		g.Model = model
@@ -215,6 +240,33 @@ func nvsmiSummaryGPU(lines []string, box []int, notes *nvsmiNotes) (snapshot.GPU
 		}
 	}
 	return g, nil
+}
+
+var rePCIInCell = regexp.MustCompile(`[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]`)
+
+// nvsmiSummaryErrors: a GPU whose box is mostly ERR! is a GPU the driver
+// cannot talk to. A few ERR! (a fan's tachometer, a power sensor, the name
+// query) are faults of what they name, while the rest of the GPU answers.
+func nvsmiSummaryErrors(lines []string, box []int, g snapshot.GPU) (snapshot.Event, bool) {
+	errs, fields := 0, 0
+	for _, b := range box {
+		for _, c := range nvsmiCells(lines[b]) {
+			for _, f := range strings.Fields(c) {
+				if f == "/" {
+					continue
+				}
+				fields++
+				if strings.HasPrefix(f, "ERR!") {
+					errs++
+				}
+			}
+		}
+	}
+	if errs < 4 {
+		return snapshot.Event{}, false
+	}
+	return snapshot.Event{Source: kindNvsmiSummary, Kind: snapshot.EventToolError, Reason: snapshot.ToolGPUError, Device: g.PCIAddress,
+		Message: fmt.Sprintf("nvidia-smi printed ERR! for %d of the %d fields of GPU %d (%s)", errs, fields, g.Index, g.PCIAddress)}, true
 }
 
 // nvsmiSummaryRow2 reads "| N/A   27C    P0   72W /  700W |   1MiB /  81559MiB |   0%   Default |".

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 const kindNvsmiXML = "nvidia-smi-q-xml"
@@ -210,10 +211,18 @@ type nvsmiXElements struct {
 func ParseNvidiaSMIXML(data []byte) (*snapshot.Snapshot, error) {
 	body, outside := splitNvsmiXML(data)
 	var log nvsmiXLog
+	cut := false
 	if err := xml.Unmarshal(body, &log); err != nil {
-		return nil, fmt.Errorf("not a well-formed nvidia-smi -q -x report: %w", err)
+		mended, ok := unwrap.CloseXML(body)
+		if !ok || xml.Unmarshal(mended, &log) != nil {
+			return nil, fmt.Errorf("not a well-formed nvidia-smi -q -x report: %w", err)
+		}
+		cut = true
 	}
 	s := snapshot.New()
+	if cut {
+		s.Notes = append(s.Notes, snapshot.Note{Source: kindNvsmiXML, Message: "the report is cut short; read up to its last complete element"})
+	}
 	s.GPUs = []snapshot.GPU{}
 	notes := &nvsmiNotes{source: kindNvsmiXML}
 	var raws []*nvRaw
@@ -233,6 +242,7 @@ func ParseNvidiaSMIXML(data []byte) (*snapshot.Snapshot, error) {
 	s.Drivers.FabricManager = nvsmiFabric(raws)
 	s.Notes = append(s.Notes, notes.notes...)
 	nvsmiWarnings(s, kindNvsmiXML, outside)
+	s.Events = append(s.Events, scanToolErrors([]byte(strings.Join(outside, "\n")), kindNvsmiXML)...)
 	return s, nil
 }
 

@@ -77,6 +77,13 @@ type Finding struct {
 	ImpactPercent *float64 `json:"impact_percent,omitempty"`
 	Remedy        string   `json:"remedy"`
 	Reference     string   `json:"reference,omitempty"`
+	// Machine names the machine of a report on several ("gpu-node-7",
+	// "machine 2"); empty when the report is of one machine.
+	Machine string `json:"machine,omitempty"`
+	// Secondary marks a finding caused by another one (CausedBy names it):
+	// fix the cause first.
+	Secondary bool   `json:"secondary,omitempty"`
+	CausedBy  string `json:"caused_by,omitempty"`
 }
 
 // Input is what every check sees.
@@ -118,6 +125,50 @@ type Report struct {
 	Checks   int       `json:"checks_run"`
 	Findings []Finding `json:"findings"`
 	Notes    []string  `json:"notes,omitempty"`
+	// Errors are the inputs kiln could not read; the report covers the
+	// others.
+	Errors []string `json:"errors,omitempty"`
+	// Machines lists the machines of a report on inputs of several; each
+	// finding names its machine.
+	Machines []MachineReport `json:"machines,omitempty"`
+}
+
+// MachineReport is one machine of a report on several.
+type MachineReport struct {
+	Label    string   `json:"label"`
+	Hostname string   `json:"hostname,omitempty"`
+	GPUs     int      `json:"gpus"`
+	Sources  []string `json:"sources"`
+	// Why says why its inputs were taken as a machine of their own.
+	Why      string `json:"why,omitempty"`
+	Critical int    `json:"critical"`
+	Warnings int    `json:"warnings"`
+	Info     int    `json:"info"`
+}
+
+// Combine makes one report of the reports of several machines: every
+// finding carries its machine's label, and Machines says what each was.
+// One report is returned as it is.
+func Combine(reps []*Report, labels, why []string) *Report {
+	if len(reps) == 1 {
+		return reps[0]
+	}
+	out := &Report{Findings: []Finding{}}
+	for i, r := range reps {
+		out.GPUs += r.GPUs
+		out.Sources = append(out.Sources, r.Sources...)
+		out.Checks = r.Checks
+		for _, f := range r.Findings {
+			f.Machine = labels[i]
+			out.Findings = append(out.Findings, f)
+		}
+		for _, n := range r.Notes {
+			out.Notes = append(out.Notes, labels[i]+": "+n)
+		}
+		out.Machines = append(out.Machines, MachineReport{Label: labels[i], Hostname: r.Hostname, GPUs: r.GPUs, Sources: r.Sources,
+			Why: why[i], Critical: r.Count(Critical), Warnings: r.Count(Warning), Info: r.Count(Info)})
+	}
+	return out
 }
 
 // Exit codes, documented in `kiln doctor --help`.
@@ -164,7 +215,7 @@ func Run(ctx context.Context, s *snapshot.Snapshot, k *kb.KB) (*Report, error) {
 		k = kb.Default()
 	}
 	in := &Input{Snapshot: s, KB: k}
-	rep := &Report{Hostname: s.Host.Hostname, GPUs: len(s.GPUs)}
+	rep := &Report{Hostname: s.Host.Hostname, GPUs: len(s.GPUs), Findings: []Finding{}}
 	for _, src := range s.Sources {
 		if src.Path != "" {
 			rep.Sources = append(rep.Sources, src.Kind+" "+src.Path)

@@ -22,14 +22,21 @@ func checkDriver(in *Input) []Finding {
 	d := s.Drivers
 	var out []Finding
 	nv := nvidiaGPUs(s)
-	if d.NVIDIAKernel != "" && d.NVIDIAUser != "" && d.NVIDIAKernel != d.NVIDIAUser {
-		out = append(out, Finding{
+	mismatch := toolErrors(s, snapshot.ToolVersionMismatch)
+	if (d.NVIDIAKernel != "" && d.NVIDIAUser != "" && d.NVIDIAKernel != d.NVIDIAUser) || len(mismatch) > 0 {
+		f := Finding{
 			ID: "driver-mismatch", Severity: Critical, Devices: addrs(nv),
-			Title:    fmt.Sprintf("NVIDIA kernel module %s and user-space driver %s differ", d.NVIDIAKernel, d.NVIDIAUser),
-			Evidence: []string{"kernel module: " + d.NVIDIAKernel, "user-space (NVML/libcuda): " + d.NVIDIAUser},
-			Impact:   "NVML and CUDA refuse to start (\"Failed to initialize NVML: Driver/library version mismatch\"): no job can use the GPUs",
-			Remedy:   "Reboot so that the kernel module installed with the new driver loads (or unload and reload the nvidia modules with no GPU process running).",
-		})
+			Title:  fmt.Sprintf("NVIDIA kernel module %s and user-space driver %s differ", orWord(d.NVIDIAKernel, "(version unknown)"), orWord(d.NVIDIAUser, "(version unknown)")),
+			Impact: "NVML and CUDA refuse to start (\"Failed to initialize NVML: Driver/library version mismatch\"): no job can use the GPUs",
+			Remedy: "Reboot so that the kernel module installed with the new driver loads (or unload and reload the nvidia modules with no GPU process running).",
+		}
+		if d.NVIDIAKernel != "" && d.NVIDIAUser != "" {
+			f.Evidence = []string{"kernel module: " + d.NVIDIAKernel, "user-space (NVML/libcuda): " + d.NVIDIAUser}
+		} else {
+			f.Title = "the NVIDIA kernel module and the user-space driver are of different versions"
+		}
+		f.Evidence = append(f.Evidence, eventLines(mismatch, 3)...)
+		out = append(out, f)
 	}
 	if f, ok := driverTooOld(in.KB, d, nv); ok {
 		out = append(out, f)

@@ -39,6 +39,13 @@ func checkEvents(in *Input) []Finding {
 		case snapshot.EventAMDGPU:
 			k.code = 0
 		case snapshot.EventNVSwitch, snapshot.EventSXid:
+		case snapshot.EventToolError:
+			// nvidia-smi's "GPU is lost" is NVML's word for a GPU that fell
+			// off the bus.
+			if e.Reason != snapshot.ToolGPULost {
+				continue
+			}
+			k = evKey{snapshot.EventFallenOffBus, 0, e.Device}
 		default:
 			continue
 		}

@@ -100,7 +100,7 @@ var (
 	// reAnchor finds where a kernel message starts inside a wrapper kiln
 	// does not know: the subsystems whose messages kiln reads, and any
 	// driver's "<driver> <PCI address>: " prefix.
-	reAnchor = lazyRegexp(`NVRM: |nvidia-nvswitch\d*: |nvidia-modeset: |nvidia-uvm: |nvidia-peermem |\[drm[:\]]|\bAER: |\{\d+\}\[Hardware Error\]|\b[\w-]{2,24} [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]: |\bpci [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:|\bpci_bus [0-9a-fA-F]{4}:|\bamdgpu: |\bLinux version \d`)
+	reAnchor = lazyRegexp(`NVRM: |nvidia-nvswitch\d*: |nvidia-modeset: |nvidia-uvm: |nvidia-peermem |\[drm[:\]]|\bAER: |\{\d+\}\[Hardware Error\]|\b[a-z][\w-]{1,23} [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]: |\bpci [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:|\bpci_bus [0-9a-fA-F]{4}:|\bamdgpu: |\bLinux version \d`)
 )
 
 // parseLine reads the prefix of one line. prevKmsg says whether the

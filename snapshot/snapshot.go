@@ -74,6 +74,23 @@ type Note struct {
 	Message string `json:"message"`
 }
 
+// Reasons of a tool error.
+const (
+	// ToolGPULost: the driver lost the GPU (NVML_ERROR_GPU_IS_LOST; the
+	// GPU fell off the bus or stopped answering).
+	ToolGPULost = "gpu-lost"
+	// ToolGPUError: the tool could not read the GPU (Unknown Error, a GPU
+	// that requires a reset, fields that all read ERR! or N/A).
+	ToolGPUError = "gpu-error"
+	// ToolDriverUnreachable: the tool could not talk to the driver at all.
+	ToolDriverUnreachable = "driver-unreachable"
+	// ToolNoDevices: the tool found no GPU.
+	ToolNoDevices = "no-devices"
+	// ToolVersionMismatch: the user-space library and the kernel module
+	// differ ("Driver/library version mismatch").
+	ToolVersionMismatch = "version-mismatch"
+)
+
 // Claim is a count a capture states about the machine.
 type Claim struct {
 	Source string `json:"source"`
@@ -491,6 +508,10 @@ const (
 	EventAER          = "aer"
 	EventNVSwitch     = "nvswitch"
 	EventProbeFailed  = "probe-failed"
+	// EventToolError is a GPU tool's own report that it could not reach a
+	// GPU or the driver (nvidia-smi "Unable to determine the device handle
+	// for GPU ...: GPU is lost", rocm-smi read errors); Reason classifies it.
+	EventToolError = "tool-error"
 )
 
 // Event is one kernel-log or fabric-manager event. Multi-line messages are
@@ -508,6 +529,8 @@ type Event struct {
 	Process string `json:"process,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Message string `json:"message"`
+	// Reason classifies a tool error: one of the Tool constants.
+	Reason string `json:"reason,omitempty"`
 }
 
 // TopoMatrix is a device matrix as printed by a vendor tool.

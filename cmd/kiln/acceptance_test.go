@@ -32,22 +32,41 @@ type expectedFile struct {
 	MustNot []expectation `json:"must_not"`
 }
 
+// loadExpected reads expected.json (the shared set) and every
+// expected-*.json beside it (the corpus kiln grew from public sources, see
+// SOURCE-*.md): one map of capture path to expectations.
 func loadExpected(t *testing.T) map[string]expectedFile {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(capturesDir, "expected.json"))
+	names, err := filepath.Glob(filepath.Join(capturesDir, "expected*.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var doc struct {
-		Files map[string]expectedFile `json:"files"`
+	all := map[string]expectedFile{}
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Files map[string]expectedFile `json:"files"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		for k, v := range doc.Files {
+			if _, dup := all[k]; dup {
+				t.Fatalf("%s: %s is listed in two expectation files", n, k)
+			}
+			if _, err := os.Stat(filepath.Join(capturesDir, filepath.FromSlash(k))); err != nil {
+				t.Fatalf("%s: %s: %v", n, k, err)
+			}
+			all[k] = v
+		}
 	}
-	if err := json.Unmarshal(b, &doc); err != nil {
-		t.Fatal(err)
+	if len(all) < 20 {
+		t.Fatalf("the expectation files list only %d captures", len(all))
 	}
-	if len(doc.Files) < 20 {
-		t.Fatalf("expected.json lists only %d captures", len(doc.Files))
-	}
-	return doc.Files
+	return all
 }
 
 // kiln runs the command line in-process and returns stdout and the exit code.

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+
 	"io"
+	"kiln.dev/kiln/capture"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -58,22 +60,28 @@ Exit codes:
 			if len(args) > 0 && len(src.from) == 0 {
 				return &exitError{code: 3, err: fmt.Errorf("unexpected arguments %q: captures are given with --from", args)}
 			}
-			s, err := src.load(cmd.Context(), args)
-			if err != nil {
-				return &exitError{code: doctor.ExitCannot, err: err}
+			var rep *doctor.Report
+			var err error
+			if len(src.from) == 0 {
+				rep, err = doctorLive(cmd, &src)
+			} else {
+				rep, err = doctorFiles(cmd, append(append([]string(nil), src.from...), args...))
 			}
-			if nothingToExamine(s) {
-				fmt.Fprintln(cmd.ErrOrStderr(), noGPUMessage(s))
-				return &exitError{code: doctor.ExitCannot}
-			}
-			rep, err := doctor.Run(cmd.Context(), s, kb.Default())
 			if err != nil {
-				return &exitError{code: doctor.ExitCannot, err: err}
+				return err
 			}
 			if format == "text" {
-				writeDoctorText(out, rep, colorOK(out))
+				for _, e := range rep.Errors {
+					fmt.Fprintln(cmd.ErrOrStderr(), "kiln: "+e)
+				}
+				if len(rep.Errors) == 0 || len(rep.Sources) > 0 {
+					writeDoctorText(out, rep, colorOK(out))
+				}
 			} else if err := writeStructured(out, format, rep); err != nil {
 				return &exitError{code: doctor.ExitCannot, err: err}
+			}
+			if len(rep.Errors) > 0 {
+				return &exitError{code: doctor.ExitCannot}
 			}
 			if c := rep.ExitCode(); c != 0 {
 				return &exitError{code: c}
@@ -85,6 +93,59 @@ Exit codes:
 	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
 	cmd.Flags().BoolVar(&list, "list", false, "list the checks and the finding ids they report, then exit")
 	return cmd
+}
+
+// doctorLive examines this machine; finding no GPU here is an error (exit
+// 3), since there is nothing to examine.
+func doctorLive(cmd *cobra.Command, src *sourceFlags) (*doctor.Report, error) {
+	s, err := src.load(cmd.Context(), nil)
+	if err != nil {
+		return nil, &exitError{code: doctor.ExitCannot, err: err}
+	}
+	if nothingToExamine(s) {
+		fmt.Fprintln(cmd.ErrOrStderr(), noGPUMessage(s))
+		return nil, &exitError{code: doctor.ExitCannot}
+	}
+	rep, err := doctor.Run(cmd.Context(), s, kb.Default())
+	if err != nil {
+		return nil, &exitError{code: doctor.ExitCannot, err: err}
+	}
+	return rep, nil
+}
+
+// doctorFiles examines captures: every input that can be read gives a
+// report (a kernel log without a GPU line says so), inputs of several
+// machines are audited each on its own, and inputs that cannot be read are
+// listed in the report's errors.
+func doctorFiles(cmd *cobra.Command, paths []string) (*doctor.Report, error) {
+	ctx := cmd.Context()
+	parts := loadParts(ctx, paths)
+	var errs []string
+	for _, p := range parts {
+		if p.Err != nil {
+			errs = append(errs, p.Err.Error())
+		}
+	}
+	var reps []*doctor.Report
+	var labels, why []string
+	for _, m := range capture.Machines(parts) {
+		kb.Default().Annotate(m.Snapshot)
+		r, err := doctor.Run(ctx, m.Snapshot, kb.Default())
+		if err != nil {
+			return nil, &exitError{code: doctor.ExitCannot, err: err}
+		}
+		if nothingToExamine(m.Snapshot) {
+			r.Notes = append(r.Notes, "no GPU, GPU event or device matrix in these inputs: nothing for the checks to examine")
+		}
+		reps = append(reps, r)
+		labels, why = append(labels, m.Label), append(why, m.Why)
+	}
+	if len(reps) == 0 {
+		return &doctor.Report{Findings: []doctor.Finding{}, Errors: errs}, nil
+	}
+	rep := doctor.Combine(reps, labels, why)
+	rep.Errors = errs
+	return rep, nil
 }
 
 // nothingToExamine is true when a snapshot has no GPU, no GPU-like PCI
@@ -136,6 +197,32 @@ const (
 )
 
 func writeDoctorText(w io.Writer, rep *doctor.Report, color bool) {
+	if len(rep.Machines) == 0 {
+		writeMachineText(w, rep, color)
+		return
+	}
+	fmt.Fprintf(w, "These inputs are of %d machines; each is audited on its own.\n", len(rep.Machines))
+	for _, m := range rep.Machines {
+		sub := &doctor.Report{Hostname: m.Label, GPUs: m.GPUs, Checks: rep.Checks, Sources: m.Sources}
+		for _, f := range rep.Findings {
+			if f.Machine == m.Label {
+				sub.Findings = append(sub.Findings, f)
+			}
+		}
+		for _, n := range rep.Notes {
+			if rest, ok := strings.CutPrefix(n, m.Label+": "); ok {
+				sub.Notes = append(sub.Notes, rest)
+			}
+		}
+		fmt.Fprintln(w)
+		writeMachineText(w, sub, color)
+		if m.Why != "" {
+			fmt.Fprintf(w, "note: audited apart: %s\n", m.Why)
+		}
+	}
+}
+
+func writeMachineText(w io.Writer, rep *doctor.Report, color bool) {
 	paint := func(code, s string) string {
 		if !color {
 			return s

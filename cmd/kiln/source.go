@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -57,51 +58,82 @@ func (f *sourceFlags) load(ctx context.Context, args []string) (*snapshot.Snapsh
 }
 
 // loadPaths reads captures, snapshot JSON files and record bundles, and
-// merges them as one machine.
+// merges them as one machine. Inputs that look like several machines are
+// refused with the reason: merged, they would describe a machine that does
+// not exist.
 func loadPaths(ctx context.Context, paths []string) (*snapshot.Snapshot, error) {
-	var parts []*snapshot.Snapshot
-	var files []string
+	parts := loadParts(ctx, paths)
+	for _, p := range parts {
+		if p.Err != nil {
+			return nil, p.Err
+		}
+	}
+	ms := capture.Machines(parts)
+	switch len(ms) {
+	case 0:
+		return nil, errors.New("no capture given")
+	case 1:
+		return ms[0].Snapshot, nil
+	}
+	return nil, severalMachines(ms)
+}
+
+// severalMachines is the refusal for inputs of more than one machine.
+func severalMachines(ms []capture.Machine) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "these inputs look like %d machines, not one:", len(ms))
+	for _, m := range ms {
+		var paths []string
+		for _, p := range m.Parts {
+			paths = append(paths, p.Path)
+		}
+		fmt.Fprintf(&b, "\n  %s: %s (%s)", m.Label, strings.Join(paths, ", "), m.Why)
+	}
+	b.WriteString("\ngive the captures of one machine at a time (kiln doctor audits several machines in one run)")
+	return errors.New(b.String())
+}
+
+// loadParts reads every path into the captures it holds: record bundles and
+// snapshot JSON files whole, everything else through the capture importers.
+func loadParts(ctx context.Context, paths []string) []capture.Part {
+	var parts []capture.Part
 	for _, p := range paths {
 		st, err := os.Stat(p)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("%s: no such file or directory", p)
+				err = fmt.Errorf("%s: no such file or directory", p)
 			}
-			return nil, err
+			parts = append(parts, capture.Part{Path: p, Err: err})
+			continue
 		}
 		switch {
 		case st.IsDir() && discover.IsBundle(p):
 			s, err := discover.Replay(ctx, p)
 			if err != nil {
-				return nil, fmt.Errorf("%s: replaying recorded bundle: %w", p, err)
+				err = fmt.Errorf("%s: replaying recorded bundle: %w", p, err)
 			}
-			parts = append(parts, s)
+			parts = append(parts, capture.Part{Path: p, Kind: "kiln-record", Bundle: p, Snapshot: s, Err: err})
 		case !st.IsDir() && isSnapshotJSON(p):
-			fh, err := os.Open(p)
-			if err != nil {
-				return nil, err
-			}
-			s, err := snapshot.Decode(fh)
-			fh.Close()
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", p, err)
-			}
-			parts = append(parts, s)
+			s, err := decodeSnapshotFile(p)
+			parts = append(parts, capture.Part{Path: p, Kind: "kiln-snapshot", Snapshot: s, Err: err})
 		default:
-			files = append(files, p)
+			parts = append(parts, capture.Read(ctx, p)...)
 		}
 	}
-	if len(files) > 0 {
-		s, err := capture.Load(ctx, files...)
-		if err != nil {
-			return nil, err
-		}
-		parts = append(parts, s)
+	return parts
+}
+
+func decodeSnapshotFile(p string) (*snapshot.Snapshot, error) {
+	fh, err := os.Open(p)
+	if err != nil {
+		return nil, err
 	}
-	if len(parts) == 1 {
-		return parts[0], nil
+	defer fh.Close()
+	s, err := snapshot.Decode(fh)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	return snapshot.Merge(parts...), nil
+	return s, nil
 }
 
 // isSnapshotJSON peeks for kiln's schema_version key.
