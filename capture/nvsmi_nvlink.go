@@ -89,6 +89,9 @@ func detectNVLinkS(_ string, data []byte) bool {
 			gpu = true
 			continue
 		}
+		if strings.HasPrefix(line, "NVML: Unable to retrieve NVLink") {
+			return true
+		}
 		if line[0] != ' ' && line[0] != '\t' {
 			return false
 		}
@@ -112,7 +115,7 @@ func ParseNvidiaSMINVLink(data []byte) (*snapshot.Snapshot, error) {
 		if t == "" {
 			continue
 		}
-		if line[0] != ' ' && line[0] != '\t' {
+		if line[0] != ' ' && line[0] != '\t' && !strings.HasPrefix(line, "NVML: ") {
 			idx, model, uuid, ok := nvlinkSGPU(line)
 			if !ok {
 				return nil, fmt.Errorf("nvidia-smi nvlink -s: line %d: cannot read %q as a GPU line (\"GPU 0: <name> (UUID: GPU-...)\")", lineNo, lspciClip(line))

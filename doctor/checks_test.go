@@ -210,10 +210,31 @@ func TestChecksFire(t *testing.T) {
 		{"mixed-models", Info, "", func(s *snapshot.Snapshot) { s.GPUs[1].DeviceID, s.GPUs[1].Model = "20b2", "NVIDIA A100-SXM4-80GB" }},
 		{"numa-unknown", Info, g1, func(s *snapshot.Snapshot) { s.GPUs[1].NUMANode = i(-1) }},
 		{"cpu-affinity-restricted", Info, "", func(s *snapshot.Snapshot) { s.Host.CPUSet = "0-7" }},
-		{"capture-incomplete", Info, "", func(s *snapshot.Snapshot) {
+		{"capture-incomplete", Warning, "", func(s *snapshot.Snapshot) {
 			s.Claims = append(s.Claims, snapshot.Claim{Source: "nvidia-smi-q-xml", What: "gpus", Count: 4, Detail: "attached_gpus"})
 		}},
 		{"no-p2p-path", Warning, "", func(s *snapshot.Snapshot) { twoSockets(s) }},
+		{"gpu-unreachable", Critical, g1, func(s *snapshot.Snapshot) {
+			s.Events = append(s.Events, snapshot.Event{Kind: snapshot.EventToolError, Reason: snapshot.ToolGPUError, Device: g1, Source: "nvidia-smi",
+				Message: "Unable to determine the device handle for GPU " + g1 + ": Unknown Error"})
+		}},
+		{"gpu-unreachable", Critical, g0, func(s *snapshot.Snapshot) {
+			s.Events = append(s.Events, snapshot.Event{Kind: snapshot.EventInitFailed, Device: g0, Source: "dmesg",
+				Message: "NVRM: GPU " + g0 + ": RmInitAdapter failed! (0x24:0x72:1568)"})
+		}},
+		{"gpu-unreachable", Critical, "", func(s *snapshot.Snapshot) {
+			s.Events = append(s.Events, snapshot.Event{Kind: snapshot.EventToolError, Reason: snapshot.ToolDriverUnreachable, Source: "nvidia-smi",
+				Message: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."})
+		}},
+		{"gpu-fallen-off-bus", Critical, g1, func(s *snapshot.Snapshot) {
+			s.Events = append(s.Events, snapshot.Event{Kind: snapshot.EventToolError, Reason: snapshot.ToolGPULost, Device: g1, Source: "nvidia-smi",
+				Message: "Unable to determine the device handle for GPU " + g1 + ": GPU is lost. Reboot the system to recover this GPU"})
+		}},
+		{"driver-mismatch", Critical, "", func(s *snapshot.Snapshot) {
+			s.Drivers.NVIDIAUser = ""
+			s.Events = append(s.Events, snapshot.Event{Kind: snapshot.EventToolError, Reason: snapshot.ToolVersionMismatch, Source: "nvidia-smi",
+				Message: "Failed to initialize NVML: Driver/library version mismatch"})
+		}},
 		{"nic-locality", Info, g1, func(s *snapshot.Snapshot) { twoSockets(s) }},
 	}
 	for _, c := range cases {
@@ -371,5 +392,86 @@ func TestSeverityText(t *testing.T) {
 	var x Severity
 	if x.UnmarshalText([]byte("fatal")) == nil {
 		t.Fatal("accepted fatal")
+	}
+}
+
+// TestXidSeverityFromTheDriver: the catalogue's rating yields to what the
+// driver says (a reset asked for, Xid 154's recovery action), and an Xid
+// another one caused is marked secondary.
+func TestXidSeverityFromTheDriver(t *testing.T) {
+	const g0 = "0000:18:00.0"
+	xid := func(code int, pid int, name, msg string) snapshot.Event {
+		return snapshot.Event{Kind: snapshot.EventXid, Code: code, Device: g0, PID: pid, Process: name, Source: "dmesg",
+			Message: fmt.Sprintf("NVRM: Xid (PCI:0000:18:00): %d, pid=%d, name=%s, %s", code, pid, name, msg)}
+	}
+	tests := []struct {
+		name      string
+		events    []snapshot.Event
+		code      int
+		sev       Severity
+		secondary bool
+	}{
+		{"row remap asks for a reset", []snapshot.Event{xid(63, 0, "", "Row Remapper: New row (0x00000012bac1c3e0) marked for remapping, reset gpu to activate.")}, 63, Critical, false},
+		{"row remap event alone", []snapshot.Event{xid(63, 0, "", "Row Remapper: New row marked for remapping.")}, 63, Info, false},
+		{"154 asks for a GPU reset", []snapshot.Event{xid(154, 0, "", "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)")}, 154, Critical, false},
+		{"154 back to none", []snapshot.Event{xid(154, 0, "", "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)")}, 154, Info, false},
+		{"154 drain p2p", []snapshot.Event{xid(154, 0, "", "GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)")}, 154, Warning, false},
+		{"109 alone: NVIDIA resets the GPU", []snapshot.Event{xid(109, 77, "modprobe", "errorString CTX SWITCH TIMEOUT, Info 0x74007")}, 109, Critical, false},
+		{"109 after the job's own Xid 13", []snapshot.Event{
+			xid(13, 9, "pt_main_thread", "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Illegal Instruction Parameter"),
+			xid(109, 9, "pt_main_thread", "errorString CTX SWITCH TIMEOUT, Info 0x2c014")}, 109, Warning, true},
+		{"109 after another job's Xid 13", []snapshot.Event{
+			xid(13, 9, "a", "Graphics SM Warp Exception"),
+			xid(109, 10, "b", "errorString CTX SWITCH TIMEOUT")}, 109, Critical, false},
+		{"45 beside 79", []snapshot.Event{xid(79, 0, "", "GPU has fallen off the bus."), xid(45, 5, "python3", "Ch 00000008")}, 45, Info, true},
+		{"45 alone", []snapshot.Event{xid(45, 5, "python3", "Ch 00000008")}, 45, Warning, false},
+		{"45 caused by previous Xid", []snapshot.Event{xid(45, 5, "python3", "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x1c084, caused by previous Xid 149")}, 45, Info, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := healthy()
+			s.Events = tt.events
+			rep := run(t, s)
+			for _, f := range rep.Findings {
+				if f.ID != "xid-error" || f.Code != tt.code {
+					continue
+				}
+				if f.Severity != tt.sev || f.Secondary != tt.secondary {
+					t.Errorf("Xid %d: %s secondary=%v (caused by %q), want %s secondary=%v", tt.code, f.Severity, f.Secondary, f.CausedBy, tt.sev, tt.secondary)
+				}
+				return
+			}
+			t.Fatalf("no Xid %d finding: %v", tt.code, ids(rep))
+		})
+	}
+}
+
+// TestAERRecurrence: one corrected report is info, corrected reports that
+// recur on one port's link are a warning, and an uncorrectable fatal one is
+// critical; reports are grouped by the port that received them.
+func TestAERRecurrence(t *testing.T) {
+	const port, gpu = "0000:15:01.0", "0000:18:00.0"
+	aer := func(dev, sev string) snapshot.Event {
+		return snapshot.Event{Kind: snapshot.EventAER, Device: dev, Port: port,
+			Message: "pcieport " + port + ": AER: error received: " + dev + " (severity=" + sev + ")"}
+	}
+	for _, tt := range []struct {
+		name   string
+		events []snapshot.Event
+		want   Severity
+	}{
+		{"one corrected", []snapshot.Event{aer(gpu, "Corrected")}, Info},
+		{"corrected on both ends of the link", []snapshot.Event{aer(gpu, "Corrected"), aer(port, "Corrected")}, Warning},
+		{"non-fatal uncorrected", []snapshot.Event{aer(gpu, "Uncorrected (Non-Fatal)")}, Warning},
+		{"fatal", []snapshot.Event{aer(gpu, "Corrected"), aer(gpu, "Uncorrected (Fatal)")}, Critical},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := healthy()
+			s.Events = tt.events
+			rep := run(t, s)
+			if !has(rep, "pcie-aer-errors", tt.want, port) {
+				t.Errorf("want %s pcie-aer-errors on %s; got %v", tt.want, port, ids(rep))
+			}
+		})
 	}
 }

@@ -86,7 +86,7 @@ func gpuActivity(g *snapshot.GPU) (activity, string) {
 	if throttleActive(g, "idle") {
 		return activityIdle, "clock event reason Idle is active"
 	}
-	if p := pstate(g); p >= 8 {
+	if p := pstate(g); p >= 5 {
 		return activityIdle, "performance state " + g.PerformanceState
 	}
 	if g.UtilizationGPU != nil {
@@ -103,7 +103,8 @@ func gpuActivity(g *snapshot.GPU) (activity, string) {
 	return activityUnknown, "no utilization or performance state read"
 }
 
-// pstate returns the P-state number, -1 if unknown.
+// pstate returns the P-state number, -1 if unknown. P5 and above are the
+// reduced-clock states a GPU drops to without work (P8 the deepest).
 func pstate(g *snapshot.GPU) int {
 	var n int
 	if _, err := fmt.Sscanf(g.PerformanceState, "P%d", &n); err != nil {

@@ -135,10 +135,10 @@ func checkCompleteness(in *Input) []Finding {
 		}
 		out = append(out, Finding{
 			ID:       "capture-incomplete",
-			Severity: Info,
+			Severity: Warning,
 			Title:    fmt.Sprintf("%s claims %d GPUs but holds %d", c.Source, c.Count, len(s.GPUs)),
 			Evidence: []string{fmt.Sprintf("%s: %s = %d; GPU records in the capture: %d", c.Source, orWord(c.Detail, "claimed count"), c.Count, len(s.GPUs))},
-			Impact:   "the capture was trimmed or cut short: kiln reports only the GPUs it holds and does not invent the others",
+			Impact:   "the capture was trimmed or cut short: the GPUs it leaves out were never audited (kiln reports only the GPUs it holds and does not invent the others)",
 			Remedy:   "Capture the machine again in full (kiln inventory --record DIR, or the whole tool output) to audit every GPU.",
 		})
 	}

@@ -137,9 +137,15 @@ func checkAER(in *Input) []Finding {
 	}
 	// AER events from the kernel log.
 	byDev := map[string][]snapshot.Event{}
+	// Reports are grouped by the port that received them: a root port
+	// collects the errors of the link below it, whichever end logged them.
 	for _, e := range s.Events {
 		if e.Kind == snapshot.EventAER {
-			byDev[e.Device] = append(byDev[e.Device], e)
+			k := e.Port
+			if k == "" {
+				k = e.Device
+			}
+			byDev[k] = append(byDev[k], e)
 		}
 	}
 	keys := make([]string, 0, len(byDev))
@@ -147,27 +153,39 @@ func checkAER(in *Input) []Finding {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	for _, dev := range keys {
-		evs := byDev[dev]
-		sev := Info
+	for _, port := range keys {
+		evs := byDev[port]
+		sev, corrected := Info, 0
+		devs := []string{port}
 		for _, e := range evs {
+			devs = append(devs, e.Device)
 			m := strings.ToLower(e.Message)
-			if strings.Contains(m, "fatal") && !strings.Contains(m, "non-fatal") && !strings.Contains(m, "nonfatal") {
+			switch {
+			case strings.Contains(m, "fatal") && !strings.Contains(m, "non-fatal") && !strings.Contains(m, "nonfatal"):
 				sev = Critical
-			} else if strings.Contains(m, "uncorrect") && sev < Warning {
-				sev = Warning
+			case strings.Contains(m, "uncorrect"):
+				sev = max(sev, Warning)
+			default:
+				corrected++
+				if e.Code > 1 {
+					// A firmware-first record numbered past 1: the
+					// platform has logged hardware errors before.
+					corrected++
+				}
 			}
+		}
+		if corrected >= 2 {
+			// Correctable errors that recur on a link: it is marginal.
+			sev = max(sev, Warning)
 		}
 		f := Finding{
 			ID:       "pcie-aer-errors",
 			Severity: sev,
-			Title:    fmt.Sprintf("kernel log: %d PCIe AER %s from %s", len(evs), plural(len(evs), "event", "events"), orNode(dev)),
+			Title:    fmt.Sprintf("kernel log: %d PCIe AER %s from %s", len(evs), plural(len(evs), "report", "reports"), orNode(port)),
 			Evidence: eventLines(evs, 5),
-			Impact:   "the PCIe link to this device reported errors; fatal ones take the device off the bus",
-			Remedy:   "Reseat or replace the card, riser or cable on this link; update the platform firmware.",
-		}
-		if dev != "" {
-			f.Devices = []string{dev}
+			Impact:   "the PCIe link reported errors: correctable ones that recur mean a marginal link (replays cost bandwidth, and they precede uncorrectable ones); fatal ones take the device off the bus",
+			Remedy:   "Reseat or replace the card, riser or cable on this link; update the platform firmware; if it recurs, lower the slot's generation in the BIOS to confirm a signal-integrity fault.",
+			Devices:  uniq(devs),
 		}
 		out = append(out, f)
 	}

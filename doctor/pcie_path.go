@@ -33,7 +33,7 @@ func pciIndex(s *snapshot.Snapshot) map[string]*snapshot.PCIDevice {
 func checkPCIeUpstream(in *Input) []Finding {
 	s := in.Snapshot
 	idx := pciIndex(s)
-	var out []Finding
+	out := hostCapFindings(in)
 	for _, g := range gpus(s) {
 		if g.PCIe == nil || len(g.Upstream) == 0 {
 			continue
@@ -84,6 +84,62 @@ func checkPCIeUpstream(in *Input) []Finding {
 			Remedy:        "Move the GPU to a slot whose path to the CPU runs at full width and speed, or fix the switch uplink (reseat, replace cable/retimer, BIOS link settings).",
 			Reference:     "Linux pcie_bandwidth_available() (drivers/pci/pci.c): the narrowest hop limits the device",
 		})
+	}
+	return out
+}
+
+// hostCapFindings: the driver reports the host side's maximum generation
+// (nvidia-smi "Host Max", NVML's max host link generation) below the GPU's
+// own ("Device Max"): the slot, root port or switch above caps the card,
+// busy or idle. GPUs capped alike are one finding.
+func hostCapFindings(in *Input) []Finding {
+	type capKey struct{ dev, host, width int }
+	groups := map[capKey][]*snapshot.GPU{}
+	var keys []capKey
+	for _, g := range gpus(in.Snapshot) {
+		l := g.PCIe
+		if l == nil || l.HostMaxGen == 0 || l.MaxGen == 0 || l.HostMaxGen >= l.MaxGen {
+			continue
+		}
+		k := capKey{l.MaxGen, l.HostMaxGen, l.MaxWidth}
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], g)
+	}
+	var out []Finding
+	for _, k := range keys {
+		gs := groups[k]
+		width := k.width
+		if width == 0 {
+			width = 16
+		}
+		full, capped := in.KB.PCIeGBpsUni(k.dev, width), in.KB.PCIeGBpsUni(k.host, width)
+		f := Finding{
+			ID:       "pcie-upstream-bottleneck",
+			Severity: Warning,
+			Devices:  addrs(gs),
+			Title: fmt.Sprintf("%d %s: the host side of the link is Gen%d, the %s Gen%d", len(gs), plural(len(gs), "GPU", "GPUs"), k.host,
+				plural(len(gs), "GPU", "GPUs"), k.dev),
+			Evidence: []string{fmt.Sprintf("driver: device max Gen%d, host max Gen%d, width x%d", k.dev, k.host, width)},
+			Remedy:   "Move the GPU to a slot wired to a root port or switch of its generation, check the BIOS's PCIe speed setting for the slot (often set to Gen3 or Auto behind risers), or replace a riser or retimer rated for the lower generation.",
+			Reference: "nvidia-smi -q PCIe Generation (Device Max, Host Max); NVML nvmlDeviceGetGpuMaxPcieLinkGeneration",
+		}
+		for _, g := range gs {
+			if g.PCIe.CurrentGen > k.host {
+				f.Evidence = append(f.Evidence, fmt.Sprintf("%s runs Gen%d to the switch above it; the host side of the path caps at Gen%d", g.PCIAddress, g.PCIe.CurrentGen, k.host))
+				break
+			}
+		}
+		if full > 0 && capped > 0 {
+			share := 100 * capped / full
+			f.Impact = fmt.Sprintf("host transfers at most %s GB/s (uni) instead of %s GB/s (uni), %s GB/s (uni) lost per direction (%s%% of the card's rating)",
+				fmtFloat(capped), fmtFloat(full), fmtFloat(full-capped), fmtFloat(100-share))
+			f.ImpactPercent = pct(100 - share)
+		} else {
+			f.Impact = fmt.Sprintf("host transfers run at Gen%d rates, not the card's Gen%d", k.host, k.dev)
+		}
+		out = append(out, f)
 	}
 	return out
 }

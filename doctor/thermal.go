@@ -147,9 +147,12 @@ func checkCooling(in *Input) []Finding {
 	var out []Finding
 	var fanBad []*snapshot.GPU
 	var fanEv []string
+	down := unreachable(in.Snapshot)
 	for _, g := range gpus(in.Snapshot) {
 		for i, f := range g.Fans {
-			if f.Error != "" {
+			// A GPU the driver cannot read reads ERR! everywhere: its fan
+			// is not the fault (gpu-unreachable says what is).
+			if f.Error != "" && !down[g.PCIAddress] {
 				fanBad = append(fanBad, g)
 				fanEv = append(fanEv, fmt.Sprintf("%s fan %d reads %q", gpuName(g), i, f.Error))
 				break

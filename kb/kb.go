@@ -104,10 +104,23 @@ type XID struct {
 	Mnemonic string `json:"mnemonic"`
 	Meaning  string `json:"meaning"`
 	// Severity kiln gives the finding: critical (hardware, needs reset or
-	// RMA), warning (application class), info.
+	// RMA), warning (application class), info. It follows
+	// XIDSeverityFor(Action, Investigate) unless SeverityReason says why not.
 	Severity string `json:"severity"`
 	// Action is NVIDIA's immediate resolution bucket (RESTART_APP, RESET_GPU, RESTART_BM ...).
 	Action string `json:"action"`
+	// Investigate is NVIDIA's investigatory resolution bucket
+	// (CONTACT_SUPPORT, WORKFLOW_XID_13, INVESTIGATE_SW ...), "" where
+	// NVIDIA publishes none.
+	Investigate string `json:"investigate"`
+	// SeverityReason says why Severity differs from XIDSeverityFor(Action,
+	// Investigate); empty when it follows the rule.
+	SeverityReason string `json:"severity_reason,omitempty"`
+	// SideEffect is true where NVIDIA describes the code as usually the
+	// consequence of, or a companion to, another Xid (45, 94/95, 154 ...).
+	// It does not lower Severity; it tells the doctor to lead with the
+	// other Xid when both are present.
+	SideEffect bool `json:"side_effect,omitempty"`
 	// Remedy in words for the report.
 	Remedy string `json:"remedy"`
 	Source string `json:"source"`

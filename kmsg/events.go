@@ -1,6 +1,7 @@
 package kmsg
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -17,6 +18,16 @@ var (
 	reProcess = lazyRegexp(`[Pp]rocess (?:information: process )?(\S*) pid (\d+)`)
 
 	reProbeFailed = lazyRegexp(`NVRM: The NVIDIA probe routine failed for (\d+) device`)
+	// reInitFailed: the driver could not bring a GPU up ("NVRM: GPU
+	// 0000:0a:00.0: RmInitAdapter failed! (0x24:0x72:1568)").
+	reInitFailed = lazyRegexp(`NVRM: (?:GPU (` + pciAddr + `): )?(?:GPU\d+ )?(?:RmInitAdapter failed|rm_init_adapter failed|RmInitAdapter: Cannot initialize)`)
+	// reGSPTimeout and reGSPError: the GSP firmware's own reports, which
+	// come with an Xid 119 or 120 line on most drivers and alone on some.
+	reGSPTimeout = lazyRegexp(`(?i)GSP (?:RPC )?timeout|heartbeat timed out|_kgspLogXid119|_kgspLogRpcTimeout|waiting for RPC response from GPU\d* ?GSP|rpcRecvPoll timedout`)
+	reGSPError   = lazyRegexp(`(?i)GSP-CrashCat|kgspHealthCheck|GSP (?:has )?crashed|GSP error`)
+	reGPUIndex   = lazyRegexp(`NVRM: GPU(\d{1,3}) `)
+	reRPCFromGPU = lazyRegexp(`response from GPU(\d{1,3}) GSP`)
+	reGPUAddr    = lazyRegexp(`NVRM: GPU (` + pciAddr + `): `)
 	reAnyAddr     = lazyRegexp(pciAddr)
 	// reDevPrefix is the "<driver> <address>: " prefix of dev_printk lines.
 	reDevPrefix = lazyRegexp(`^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):\s`)
@@ -24,10 +35,16 @@ var (
 	// reAMDPrimary starts an amdgpu event; reAMDSecondary starts one only
 	// when it does not follow one on the same device (a GPU reset after a
 	// ring timeout is part of the timeout's report).
-	reAMDPrimary   = lazyRegexp(`(?i)\bring \S+ timeout|uncorrectable|correctable hardware error|\becc error|poison|page fault|protection fault`)
-	reAMDSecondary = lazyRegexp(`(?i)timed out|\btimeout\b|gpu reset begin|reset failed|gpu reset\(\d+\) failed|\bgpu hang|\*ERROR\*`)
+	reAMDPrimary   = lazyRegexp(`(?i)\bring \S+ timeout|uncorrectable|correctable hardware error|\becc error|poison|page fault|protection fault|mes failed|failed to remove hardware queue|ring \S+ test failed`)
+	reAMDSecondary = lazyRegexp(`(?i)timed out|\btimeout\b|\bmode[12] reset\b|\bbaco reset\b|gpu reset begin|gpu recovery failed|asic reset failed|reset failed|reset succeeded|gpu reset\(\d+\) (?:failed|succeeded)|\bgpu hang|vram is lost|\*ERROR\*`)
+	// reAMDInitFailed: the driver gave the GPU up while bringing it up.
+	reAMDInitFailed = lazyRegexp(`(?i)fatal error during gpu init|amdgpu_device_ip_init failed|amdgpu: finishing device`)
 	reAMDDetail    = lazyRegexp(`(?i)^(?:\[drm:amdgpu_job_timedout \[amdgpu\]\] \*ERROR\* )?process information|^process \S* pid|in page starting at|_FAULT_STATUS|faulty utcl2|more_faults|walker_error|permission_faults|mapping_error|^\s*rw: |cid: `)
 
+	reAERID       = lazyRegexp(`id=([0-9a-fA-F]{4})\b`)
+	reGHESStart   = lazyRegexp(`\{(\d{1,12})\}\[Hardware Error\]: Hardware error from APEI`)
+	reGHES        = lazyRegexp(`^\{(\d{1,12})\}\[Hardware Error\]: ?(.*)$`)
+	reGHESDevice  = lazyRegexp(`^\s*device_id: (` + pciAddr + `)\s*$`)
 	reAERReceived = lazyRegexp(`AER: (?:Multiple )?(Corrected|Correctable|Uncorrected \((?:Non-Fatal|Fatal)\)|Uncorrectable \((?:Non-Fatal|Fatal)\)|Uncorrected|Uncorrectable|Fatal|Non-Fatal) error(?: message)? received(?::| from)? ?(` + pciAddr + `)?`)
 	rePCIeBusErr  = lazyRegexp(`PCIe Bus Error: severity=([A-Za-z() -]+?)(?:,|$)`)
 	reAERDetail   = lazyRegexp(`^\s*(?:device \[[0-9a-fA-F]{4}:[0-9a-fA-F]{4}\]|\[\s*\d+\] |aer_status:|aer_layer=|Error of this Agent|TLP Header|AER: +(?:\[|TLP|Error))`)
@@ -53,6 +70,12 @@ type builder struct {
 	// second one appears, after which lines without an address get none.
 	amdDev  string
 	amdMany bool
+	// ghesRec is the firmware-first error record being read.
+	ghesRec *ghesRecord
+	// gpuIndex maps NVRM's "GPUn" to addresses it learnt; lastIndex is
+	// the index the previous NVRM line named (-1: none).
+	gpuIndex  map[int]string
+	lastIndex int
 }
 
 func (b *builder) close(out *[]snapshot.Event) {
@@ -104,10 +127,17 @@ func (b *builder) process(rec *record, text string, out *[]snapshot.Event) {
 	if strings.Contains(text, "SXid") && b.sxid(rec, text, out) {
 		return
 	}
+	if strings.Contains(text, "[Hardware Error]") && b.ghes(rec, text, out) {
+		return
+	}
 	if (strings.Contains(text, "AER") || strings.Contains(text, "PCIe Bus Error") || b.openKind == "aer") && b.aer(rec, text, out) {
 		return
 	}
 	if strings.Contains(text, "amdgpu") && b.amdgpu(rec, text, out) {
+		return
+	}
+	if b.openKind == "amdgpu" && strings.HasPrefix(text, "[drm] ") && reAMDSecondary().MatchString(text) && b.attach(text) {
+		// "[drm] VRAM is lost due to GPU reset!" belongs to the reset.
 		return
 	}
 	b.close(out)
@@ -115,6 +145,7 @@ func (b *builder) process(rec *record, text string, out *[]snapshot.Event) {
 }
 
 func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
+	b.learnGPUIndex(text)
 	if m := reXid().FindStringSubmatch(text); m != nil {
 		code, _ := strconv.Atoi(m[2])
 		ev := newEvent(rec, snapshot.EventXid, text)
@@ -123,6 +154,10 @@ func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
 			ev.Device = d
 		}
 		ev.PID, ev.Process = pidName(m[3])
+		if g := reRPCFromGPU().FindStringSubmatch(text); g != nil {
+			n, _ := strconv.Atoi(g[1])
+			b.pairIndex(n, ev.Device)
+		}
 		b.resetNVRM()
 		b.start(out, ev, "nvrm")
 		return
@@ -131,6 +166,22 @@ func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
 		b.close(out)
 		b.resetNVRM()
 		*out = append(*out, newEvent(rec, snapshot.EventProbeFailed, text))
+		return
+	}
+	if m := reInitFailed().FindStringSubmatch(text); m != nil {
+		dev := canonical(m[1])
+		if dev == "" {
+			dev = b.gpuIndex[gpuIndexOf(text)]
+		}
+		// "rm_init_adapter failed" follows "RmInitAdapter failed!" for the
+		// same GPU: one failure.
+		if b.openKind == "init" && (dev == "" || dev == b.open.Device) && b.attach(text) {
+			return
+		}
+		b.resetNVRM()
+		ev := newEvent(rec, snapshot.EventInitFailed, text)
+		ev.Device = dev
+		b.start(out, ev, "init")
 		return
 	}
 	starter := ""
@@ -182,10 +233,69 @@ func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
 		b.nvrm.parts = append(b.nvrm.parts, part)
 		return
 	}
-	if b.openKind == "nvrm" && !strings.Contains(text, "NVIDIA UNIX") && b.attach(text) {
+	if (b.openKind == "nvrm" || b.openKind == "init") && !strings.Contains(text, "NVIDIA UNIX") && b.attach(text) {
+		return
+	}
+	// A GSP timeout or crash reported without its Xid line (older open
+	// modules print the GSP banner alone): kiln reads it as the Xid the
+	// driver assigns to it, marked inferred.
+	code := 0
+	switch {
+	case reGSPTimeout().MatchString(text):
+		code = 119
+	case reGSPError().MatchString(text):
+		code = 120
+	}
+	if code != 0 {
+		ev := newEvent(rec, snapshot.EventXid, text)
+		ev.Code, ev.Reason = code, snapshot.XidInferred
+		if a := reAnyAddr().FindString(text); a != "" {
+			ev.Device = canonical(a)
+		} else {
+			ev.Device = b.gpuIndex[gpuIndexOf(text)]
+		}
+		b.start(out, ev, "nvrm")
 		return
 	}
 	b.close(out)
+}
+
+// gpuIndexOf reads the n of "NVRM: GPUn ...", or -1.
+func gpuIndexOf(text string) int {
+	m := reGPUIndex().FindStringSubmatch(text)
+	if m == nil {
+		return -1
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// learnGPUIndex pairs NVRM's "GPUn" with an address when one line names
+// both, or when a line naming an address follows one naming an index.
+func (b *builder) learnGPUIndex(text string) {
+	if !strings.HasPrefix(text, "NVRM: GPU") {
+		return
+	}
+	if n := gpuIndexOf(text); n >= 0 {
+		b.lastIndex = n
+		return
+	}
+	if m := reGPUAddr().FindStringSubmatch(text); m != nil && b.lastIndex >= 0 {
+		b.pairIndex(b.lastIndex, canonical(m[1]))
+	}
+	b.lastIndex = -1
+}
+
+func (b *builder) pairIndex(n int, addr string) {
+	if addr == "" || n < 0 {
+		return
+	}
+	if b.gpuIndex == nil {
+		b.gpuIndex = map[int]string{}
+	}
+	if _, ok := b.gpuIndex[n]; !ok && len(b.gpuIndex) < maxFacts {
+		b.gpuIndex[n] = addr
+	}
 }
 
 // pidName reads "pid=2024380, name=nvidia-smi, ..." at the start of an Xid's
@@ -258,6 +368,19 @@ func (b *builder) amdgpu(rec *record, text string, out *[]snapshot.Event) bool {
 		b.attach(text)
 		return true
 	}
+	if reAMDInitFailed().MatchString(body) {
+		if b.openKind == "init" && (dev == "" || dev == b.open.Device) && b.attach(text) {
+			return true
+		}
+		ev := newEvent(rec, snapshot.EventInitFailed, text)
+		ev.Device = dev
+		if dev == "" && !b.amdMany {
+			ev.Device = b.amdDev
+		}
+		b.resetNVRM()
+		b.start(out, ev, "init")
+		return true
+	}
 	primary := reAMDPrimary().MatchString(text)
 	if !primary && !reAMDSecondary().MatchString(text) {
 		return false
@@ -283,20 +406,33 @@ func (b *builder) aer(rec *record, text string, out *[]snapshot.Event) bool {
 		dev = canonical(m[2])
 	}
 	if m := reAERReceived().FindStringSubmatch(text); m != nil {
+		port := dev
+		src := ""
 		if m[2] != "" {
-			dev = canonical(m[2])
+			src = canonical(m[2])
+		} else if id := reAERID().FindStringSubmatch(text); id != nil && port != "" {
+			// "error received: id=0010": the requester id, bus 0x00,
+			// device 0x02, function 0, in the port's domain.
+			src = requesterAddr(port, id[1])
 		}
 		ev := newEvent(rec, snapshot.EventAER, text+" (severity="+aerSeverity(m[1])+")")
-		if dev != "" {
-			ev.Device = dev
+		ev.Port = port
+		switch {
+		case src != "" && src != "0000:00:00.0":
+			ev.Device = src
+		case port != "":
+			// Source id 0 is what Transmitter-ID correctable errors
+			// often carry: the port itself logged the error.
+			ev.Device = port
 		}
 		b.start(out, ev, "aer")
 		return true
 	}
 	if m := rePCIeBusErr().FindStringSubmatch(text); m != nil {
-		if b.openKind == "aer" && (dev == "" || b.open.Device == "" || b.open.Device == dev) &&
-			!strings.Contains(b.open.Message, "PCIe Bus Error") {
-			if b.open.Device == "" {
+		if b.openKind == "aer" && !strings.Contains(b.open.Message, "PCIe Bus Error") {
+			// The device that prints the error status is the one that
+			// logged it.
+			if dev != "" {
 				b.open.Device = dev
 			}
 			b.attach(text)
@@ -319,6 +455,78 @@ func (b *builder) aer(rec *record, text string, out *[]snapshot.Event) bool {
 		}
 	}
 	return false
+}
+
+// requesterAddr turns a 16-bit requester id (bus, device, function) into
+// an address in the port's PCI domain.
+func requesterAddr(port, id string) string {
+	v, err := strconv.ParseUint(id, 16, 16)
+	if err != nil {
+		return ""
+	}
+	dom, _, _ := strings.Cut(port, ":")
+	return canonical(fmt.Sprintf("%s:%02x:%02x.%x", dom, v>>8, (v>>3)&0x1f, v&7))
+}
+
+// ghes reads firmware-first error records ("{359}[Hardware Error]: ..."):
+// a record whose section is a PCIe error is an AER event on the device it
+// names, with the record's sequence number as its code. Records of other
+// sections (memory, processor) are not GPU events.
+func (b *builder) ghes(rec *record, text string, out *[]snapshot.Event) bool {
+	m := reGHES().FindStringSubmatch(text)
+	if m == nil {
+		return false
+	}
+	seq, _ := strconv.Atoi(m[1])
+	body := m[2]
+	if reGHESStart().MatchString(text) {
+		b.close(out)
+		b.ghesRec = &ghesRecord{seq: seq, first: rec, lines: []string{text}}
+		return true
+	}
+	g := b.ghesRec
+	if g == nil || g.seq != seq {
+		return false
+	}
+	if len(g.lines) < maxDetail {
+		g.lines = append(g.lines, text)
+	}
+	l := strings.ToLower(body)
+	switch {
+	case strings.Contains(l, "event severity:"):
+		g.severity = strings.TrimSpace(body[strings.Index(l, "event severity:")+len("event severity:"):])
+	case strings.Contains(l, "section_type:"):
+		g.pcie = g.pcie || strings.Contains(l, "pcie error")
+	}
+	if d := reGHESDevice().FindStringSubmatch(body); d != nil && g.dev == "" {
+		g.dev = canonical(d[1])
+	}
+	if g.pcie && g.dev != "" && !g.emitted {
+		g.emitted = true
+		sev := "Corrected"
+		if !strings.HasPrefix(strings.ToLower(g.severity), "corrected") {
+			sev = "Uncorrected (" + g.severity + ")"
+		}
+		ev := newEvent(g.first, snapshot.EventAER, g.lines[0]+" (severity="+sev+")")
+		ev.Device, ev.Code = g.dev, g.seq
+		for _, l := range g.lines[1:] {
+			ev.Message += "\n" + l
+		}
+		b.start(out, ev, "aer")
+	} else if g.emitted && b.openKind == "aer" {
+		b.attach(text)
+	}
+	return true
+}
+
+type ghesRecord struct {
+	seq      int
+	first    *record
+	lines    []string
+	severity string
+	pcie     bool
+	dev      string
+	emitted  bool
 }
 
 // aerSeverity names an AER severity the way "PCIe Bus Error: severity=" does.

@@ -94,6 +94,10 @@ var (
 	reMono       = lazyRegexp(`^\[\s*[+<]?\s*(\d{1,12}[.,]\d{1,9})>?\] ?(.*)$`)
 	reHuman      = lazyRegexp(`^\[(` + monthWord + `\s?\d{1,2} \d\d:\d\d(?::\d\d)?)\] ?(.*)$`)
 	reSyslog     = lazyRegexp(`^(` + syslogDay + `|` + isoTime + `) (\S+) ([^\s:\[]+)(?:\[\d+\])?: ?(.*)$`)
+	// reSyslogNoHost: syslog without a host name ("Mar 27 17:40:36
+	// kernel: ...", as some forwarders and journalctl -o short-monotonic
+	// variants write it).
+	reSyslogNoHost = lazyRegexp(`^(` + syslogDay + `|` + isoTime + `) (kernel)(?:\[\d+\])?: ?(.*)$`)
 	reLevelTag   = lazyRegexp(`^(?:\[|<)?(?:kern(?:el)?)[.:](?:emerg|alert|crit|err|error|warn|warning|notice|info|debug)(?:\]|>)?:? ?(.*)$`)
 	reInnerMono  = lazyRegexp(`^\[\s*\d{1,12}[.,]\d{1,9}\] ?`)
 	reKmsgEscape = lazyRegexp(`\\x[0-9a-fA-F]{2}`)
@@ -185,6 +189,23 @@ func readHeaders(line string) (record, bool) {
 				continue
 			}
 		}
+		if m := reSyslogNoHost().FindStringSubmatch(text); m != nil && !inKernel {
+			// Same shape as reSyslog's submatches, with no host.
+			m = []string{m[0], m[1], "", m[2], m[3]}
+			found = true
+			if r.time.IsZero() && r.raw == "" {
+				if strings.Contains(m[1], "-") {
+					r.time, r.raw = parseISO(m[1])
+				} else {
+					r.raw = m[1]
+				}
+			}
+			r.source = "journal"
+			setFormat("journal")
+			text = reInnerMono().ReplaceAllString(m[4], "")
+			inKernel = true
+			continue
+		}
 		if m := reSyslog().FindStringSubmatch(text); m != nil && !inKernel {
 			found = true
 			if r.time.IsZero() && r.raw == "" {
@@ -266,7 +287,13 @@ func readHeaders(line string) (record, bool) {
 		// first thing only a kernel message starts with.
 		if i := strings.Index(text, " kernel: "); i >= 0 && i < 160 {
 			pre := text[:i]
-			text = reInnerMono().ReplaceAllString(text[i+len(" kernel: "):], "")
+			text = text[i+len(" kernel: "):]
+			if m := reMono().FindStringSubmatch(text); m != nil {
+				if r.time.IsZero() && r.raw == "" {
+					r.raw = strings.Replace(m[1], ",", ".", 1)
+				}
+				text = m[2]
+			}
 			r.findTime(pre)
 			found = true
 		} else if loc := anchorAt(text); loc > 0 {
@@ -376,7 +403,7 @@ func parseISO(s string) (time.Time, string) {
 // start a kernel message, are at least as many as the others. It is the
 // most general format kiln reads, so it is tried after every other one.
 func Sniff(data []byte) bool {
-	kernel, journal, other := 0, 0, 0
+	kernel, journal, other, strong := 0, 0, 0, 0
 	s := string(data[:min(len(data), 256<<10)])
 	for i := 0; i < 400 && s != ""; i++ {
 		var line string
@@ -385,6 +412,9 @@ func Sniff(data []byte) bool {
 		switch kind {
 		case lineSkip, lineCont, lineDict:
 			continue
+		}
+		if r.kernel && strongLine(r.text) {
+			strong++
 		}
 		switch {
 		case r.kernel && (r.format != "" || anchorAt(" "+r.text) == 1):
@@ -395,5 +425,15 @@ func Sniff(data []byte) bool {
 			other++
 		}
 	}
-	return kernel+journal > 0 && kernel+journal >= other
+	// A text that quotes the kernel's GPU reports (a collector's output, a
+	// tool's log) is read for them too: it is tried last.
+	return (kernel+journal > 0 && kernel+journal >= other) || strong > 0
+}
+
+// strongLine: a message only the kernel's GPU and PCIe reporting prints.
+func strongLine(t string) bool {
+	return strings.HasPrefix(t, "NVRM: Xid") || strings.HasPrefix(t, "NVRM: GPU") || strings.HasPrefix(t, "NVRM: The NVIDIA GPU") ||
+		(strings.HasPrefix(t, "nvidia-nvswitch") && strings.Contains(t, "SXid")) ||
+		strings.Contains(t, ": AER: ") || strings.Contains(t, "PCIe Bus Error") ||
+		(strings.HasPrefix(t, "amdgpu ") && strings.Contains(t, ": amdgpu: ")) || strings.Contains(t, "[Hardware Error]")
 }

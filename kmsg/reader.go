@@ -27,7 +27,9 @@ type Reader struct {
 
 // NewReader returns a Reader of r.
 func NewReader(r io.Reader) *Reader {
-	return &Reader{br: bufio.NewReaderSize(r, 64<<10)}
+	rd := &Reader{br: bufio.NewReaderSize(r, 64<<10)}
+	rd.b.lastIndex = -1
+	return rd
 }
 
 // Next returns the next event, or io.EOF after the last one. A read error

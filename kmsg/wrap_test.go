@@ -34,6 +34,8 @@ func TestWrappers(t *testing.T) {
 		{"journalctl -o short-precise", "Feb 27 15:10:02.123456 gpu-07 kernel: " + msg, "journal", "Feb 27 15:10:02.123456", time.Time{}},
 		{"journalctl -o short-iso", "2025-02-27T15:10:02+0000 gpu-07 kernel: " + msg, "journal", "", at},
 		{"journalctl -o short-iso-precise", "2025-02-27T15:10:02.000000+00:00 gpu-07 kernel: " + msg, "journal", "", at},
+		{"syslog without a host name", "Feb 27 15:10:02 kernel: " + msg, "journal", "Feb 27 15:10:02", time.Time{}},
+		{"grep -H of a syslog file", "/var/log/syslog:Feb 27 15:10:02 gpu-07 kernel: [ 1843.308145] " + msg, "dmesg", "1843.308145", time.Time{}},
 		{"syslog with printk time", "Feb 27 15:10:02 gpu-07 kernel: [ 1843.308145] " + msg, "journal", "Feb 27 15:10:02", time.Time{}},
 		{"RFC 5424", "<4>1 2025-02-27T15:10:02Z gpu-07 kernel - - - " + msg, "journal", "", at},
 		{"collector: node, facility, level", "gpu-07 10.0.3.17 kern warning " + msg, "dmesg", "", time.Time{}},

@@ -74,6 +74,10 @@ type Note struct {
 	Message string `json:"message"`
 }
 
+// XidInferred is the Reason of an Xid event kiln read from the driver's
+// message (a GSP timeout banner) where the log has no Xid line.
+const XidInferred = "inferred"
+
 // Reasons of a tool error.
 const (
 	// ToolGPULost: the driver lost the GPU (NVML_ERROR_GPU_IS_LOST; the
@@ -89,6 +93,11 @@ const (
 	// ToolVersionMismatch: the user-space library and the kernel module
 	// differ ("Driver/library version mismatch").
 	ToolVersionMismatch = "version-mismatch"
+	// ToolPermissionDenied: the tool ran without access to the GPU device
+	// nodes (amd-smi "/dev/kfd: Permission denied"): what it printed as
+	// N/A says nothing about the GPUs, and the capture should be taken
+	// again with access.
+	ToolPermissionDenied = "permission-denied"
 )
 
 // Claim is a count a capture states about the machine.
@@ -512,6 +521,9 @@ const (
 	// GPU or the driver (nvidia-smi "Unable to determine the device handle
 	// for GPU ...: GPU is lost", rocm-smi read errors); Reason classifies it.
 	EventToolError = "tool-error"
+	// EventInitFailed is a GPU the driver found but could not bring up
+	// (NVRM "RmInitAdapter failed!", amdgpu "Fatal error during GPU init").
+	EventInitFailed = "init-failed"
 )
 
 // Event is one kernel-log or fabric-manager event. Multi-line messages are
@@ -529,8 +541,11 @@ type Event struct {
 	Process string `json:"process,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Message string `json:"message"`
-	// Reason classifies a tool error: one of the Tool constants.
+	// Reason classifies a tool error: one of the Tool constants; for an
+	// Xid kiln inferred from its message without an Xid line, "inferred".
 	Reason string `json:"reason,omitempty"`
+	// Port is the root or switch port that reported a PCIe AER event.
+	Port string `json:"port,omitempty"`
 }
 
 // TopoMatrix is a device matrix as printed by a vendor tool.
