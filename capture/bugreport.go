@@ -117,6 +117,11 @@ func kernelLogSection(h string) bool {
 
 func readBugReport(name string, data []byte) []Part {
 	data = unwrap.Clean(data).Data
+	if stripped, _, ok := unwrap.StripPrefix(data); ok {
+		// A report that went through a collector: every line carries its
+		// prefix, the section rulers too.
+		data = stripped
+	}
 	secs := splitBugReport(data)
 	host := ""
 	if m := reBugUname().FindSubmatch(data[:min(len(data), 8192)]); m != nil {

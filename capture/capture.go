@@ -122,7 +122,7 @@ func ParseBytes(name string, data []byte) (*snapshot.Snapshot, error) {
 	return parseBytes(name, data, true)
 }
 
-func parseBytes(name string, data []byte, generic bool) (*snapshot.Snapshot, error) {
+func parseBytes(name string, data []byte, allowGeneric bool) (*snapshot.Snapshot, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fmt.Errorf("%s: file is empty", name)
 	}
@@ -133,34 +133,39 @@ func parseBytes(name string, data []byte, generic bool) (*snapshot.Snapshot, err
 		c := candidate{data: stripped, notes: append(append([]string(nil), clean.Notes...), what)}
 		// A kernel log keeps its own per-line headers (they carry the
 		// times); every other format is read without the wrapper first.
-		if generic && kmsg.Sniff(clean.Data) {
+		if allowGeneric && kmsg.Sniff(clean.Data) {
 			cands = append(cands, c)
 		} else {
 			cands = append([]candidate{c}, cands...)
 		}
 	}
+	// Formats with markers of their own are tried on every candidate before
+	// the generic kernel-log reader: a wrapper's timestamps must not make an
+	// lspci listing look like a log.
 	var firstErr error
-	for _, c := range cands {
-		head := c.data[:min(len(c.data), detectHead)]
-		for _, imp := range fileImporters {
-			if imp.Generic && !generic {
-				continue
-			}
-			if !imp.Detect(base, head) {
-				continue
-			}
-			s, err := imp.Parse(base, c.data)
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("%s: reading as %s: %w", name, imp.Kind, err)
+	for _, generic := range []bool{false, true} {
+		for _, c := range cands {
+			head := c.data[:min(len(c.data), detectHead)]
+			for _, imp := range fileImporters {
+				if imp.Generic != generic || (imp.Generic && !allowGeneric) {
+					continue
 				}
-				continue
+				if !imp.Detect(base, head) {
+					continue
+				}
+				s, err := imp.Parse(base, c.data)
+				if err != nil {
+					if firstErr == nil {
+						firstErr = fmt.Errorf("%s: reading as %s: %w", name, imp.Kind, err)
+					}
+					continue
+				}
+				stamp(s, imp.Kind, name)
+				for _, n := range c.notes {
+					s.Notes = append(s.Notes, snapshot.Note{Source: imp.Kind, Message: n})
+				}
+				return s, nil
 			}
-			stamp(s, imp.Kind, name)
-			for _, n := range c.notes {
-				s.Notes = append(s.Notes, snapshot.Note{Source: imp.Kind, Message: n})
-			}
-			return s, nil
 		}
 	}
 	if firstErr != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/ulikunitz/xz"
 
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 // Part is what one input gave: a file, a directory capture, or one capture
@@ -165,8 +166,9 @@ func readData(ctx context.Context, name string, data []byte, bundle string) []Pa
 		}
 		return readTree(ctx, fsys, name, bundle)
 	}
-	if hasBugReportHeader(data) {
-		return readBugReport(name, data)
+	if c := unwrap.Clean(data); hasBugReportHeader(c.Data) {
+		// Cleaned first: a report saved by PowerShell is UTF-16.
+		return readBugReport(name, c.Data)
 	}
 	s, err := ParseBytes(name, data)
 	if err != nil {

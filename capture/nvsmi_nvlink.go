@@ -117,6 +117,11 @@ func ParseNvidiaSMINVLink(data []byte) (*snapshot.Snapshot, error) {
 		}
 		if line[0] != ' ' && line[0] != '\t' && !strings.HasPrefix(line, "NVML: ") {
 			idx, model, uuid, ok := nvlinkSGPU(line)
+			if !strings.HasSuffix(raw, "\n") && uuid == "" && cur >= 0 {
+				// The file's last line, cut short in the copy.
+				snap.Notes = append(snap.Notes, snapshot.Note{Source: kindNVLinkS, Message: fmt.Sprintf("line %d is cut short and was not read", lineNo)})
+				break
+			}
 			if !ok {
 				return nil, fmt.Errorf("nvidia-smi nvlink -s: line %d: cannot read %q as a GPU line (\"GPU 0: <name> (UUID: GPU-...)\")", lineNo, lspciClip(line))
 			}

@@ -161,6 +161,11 @@ func ParseNvidiaSMITopo(data []byte) (*snapshot.Snapshot, error) {
 			break // "Legend:" or anything after the matrix
 		}
 		if m.Cells[r] != nil {
+			if rows == len(devs) {
+				// The matrix is whole: what follows is another copy of it
+				// (a second capture glued on, a line cut short).
+				break
+			}
 			return nil, fmt.Errorf("nvidia-smi topo -m: line %d: row %s appears twice", i+1, f[0])
 		}
 		if len(f) < len(devs)+1 {

@@ -214,6 +214,7 @@ func ParseNvidiaSMIXML(data []byte) (*snapshot.Snapshot, error) {
 	cut := false
 	if err := xml.Unmarshal(body, &log); err != nil {
 		mended, ok := unwrap.CloseXML(body)
+		log = nvsmiXLog{} // the failed pass filled part of it
 		if !ok || xml.Unmarshal(mended, &log) != nil {
 			return nil, fmt.Errorf("not a well-formed nvidia-smi -q -x report: %w", err)
 		}

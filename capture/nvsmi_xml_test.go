@@ -259,6 +259,13 @@ func TestNvidiaSMIXMLTruncated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Cut after a whole GPU element: the GPU is read once.
+	whole := "<nvidia_smi_log><gpu id=\"00000000:01:00.0\"><product_name>NVIDIA A100</product_name></gpu>"
+	if w, err := ParseNvidiaSMIXML([]byte(whole)); err != nil {
+		t.Errorf("cut after a GPU: %v", err)
+	} else if len(w.GPUs) != 1 {
+		t.Errorf("cut after a GPU: %d GPUs, want 1", len(w.GPUs))
+	}
 	if len(s.GPUs) != 1 || s.GPUs[0].PCIAddress != "0000:01:00.0" || s.GPUs[0].Model != "" || s.Drivers.NVIDIAUser != "535.54.03" {
 		t.Errorf("GPUs %+v drivers %+v", s.GPUs, s.Drivers)
 	}

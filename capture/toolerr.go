@@ -120,6 +120,23 @@ func scanToolErrors(data []byte, source string) []snapshot.Event {
 		prev = ""
 		return true
 	})
+	// "Failed to initialize NVML: Driver/library version mismatch" says
+	// why NVML failed; the bare "Failed to initialize NVML" (a line cut
+	// short, a second report) adds nothing to it.
+	mismatch := false
+	for _, e := range out {
+		mismatch = mismatch || e.Reason == snapshot.ToolVersionMismatch
+	}
+	if mismatch {
+		kept := out[:0]
+		for _, e := range out {
+			if e.Reason == snapshot.ToolDriverUnreachable && strings.HasPrefix(strings.ToLower(e.Message), "failed to initialize nvml") {
+				continue
+			}
+			kept = append(kept, e)
+		}
+		out = kept
+	}
 	return out
 }
 

@@ -97,7 +97,12 @@ func checkEvents(in *Input) []Finding {
 			sev := Warning
 			for _, e := range evs {
 				m := strings.ToLower(e.Message)
+				// The switch says "Fatal"/"Non-fatal", and rates each SXid
+				// "Severity 0" (non-fatal) or above (fatal).
 				if strings.Contains(m, "fatal") && !strings.Contains(m, "non-fatal") && !strings.Contains(m, "nonfatal") {
+					sev = Critical
+				}
+				if reSXidSeverity().MatchString(m) {
 					sev = Critical
 				}
 			}
@@ -403,6 +408,8 @@ func amdSeverity(evs []snapshot.Event) Severity {
 	}
 	return Warning
 }
+
+var reSXidSeverity = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`sxid \([^)]*\): \d+, severity [1-9]`) })
 
 var reAMDResetN = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`gpu reset\(\d+\) failed`) })
 

@@ -172,6 +172,9 @@ func checkCompleteness(in *Input) []Finding {
 			Remedy:   "Read the kernel log for NVRM probe failures or Xid 79 on these addresses; reset the GPU or reboot the node, and RMA a GPU that keeps failing to initialise.",
 		})
 	}
+	if f, ok := unboundGPUs(s); ok && driverSaw == 0 {
+		out = append(out, f)
+	}
 	fellOff := false
 	for _, e := range s.Events {
 		if e.Kind == snapshot.EventFallenOffBus || (e.Kind == snapshot.EventXid && e.Code == 79) {
@@ -196,6 +199,55 @@ func checkCompleteness(in *Input) []Finding {
 		break
 	}
 	return out
+}
+
+// gpuDrivers are the kernel drivers that make a GPU usable for compute;
+// vfio-pci (passed to a VM) and pci-stub mean the host gave it away on
+// purpose.
+var gpuDrivers = map[string]string{"10de": "nvidia", "1002": "amdgpu"}
+
+// unboundGPUs: the PCI listing (lspci -k) shows the vendor's driver bound
+// to some GPUs and no driver at all on others of the same vendor: the
+// driver failed to take them (an unsupported generation, a failed probe).
+func unboundGPUs(s *snapshot.Snapshot) (Finding, bool) {
+	bound := map[string]int{}
+	var unbound []string
+	for _, d := range s.PCI {
+		if d.Kind != snapshot.KindGPU {
+			continue
+		}
+		want, ok := gpuDrivers[d.VendorID]
+		if !ok {
+			continue
+		}
+		switch d.Driver {
+		case want:
+			bound[d.VendorID]++
+		case "":
+			unbound = append(unbound, d.VendorID+" "+d.Address)
+		}
+	}
+	var devs, ev []string
+	for _, u := range unbound {
+		v, a, _ := strings.Cut(u, " ")
+		if bound[v] == 0 {
+			continue
+		}
+		devs = append(devs, a)
+		ev = append(ev, fmt.Sprintf("%s: no kernel driver in use, while %d other GPUs of this vendor run %s", a, bound[v], gpuDrivers[v]))
+	}
+	if len(devs) == 0 {
+		return Finding{}, false
+	}
+	return Finding{
+		ID:       "gpu-missing",
+		Severity: Critical,
+		Title:    fmt.Sprintf("%d %s on the PCI bus with no driver, beside GPUs the driver took", len(devs), plural(len(devs), "GPU", "GPUs")),
+		Devices:  devs,
+		Evidence: ev,
+		Impact:   "jobs cannot use these GPUs: the driver did not bind them",
+		Remedy:   "Read the kernel log for the driver's probe of these addresses (an unsupported GPU generation for this driver branch, RmInitAdapter failures); install a driver branch that supports them, or reset the GPU or the node.",
+	}, true
 }
 
 func checkPlacement(in *Input) []Finding {

@@ -89,6 +89,10 @@ func gpuLinkFinding(in *Input, g *snapshot.GPU) (Finding, bool) {
 		f.Severity = Warning
 		f.Title = fmt.Sprintf("%s: PCIe link runs Gen%d x%d under load, card and slot support Gen%d x%d", gpuName(g), l.CurrentGen, l.CurrentWidth, best, l.MaxWidth)
 		f.Remedy = "Check BIOS PCIe speed settings (Auto or the highest generation), reseat the card, replace risers or retimer cables; a link that trains low under load often has signal-integrity problems."
+	case genLow && act == activityUnknown && l.CurrentGen == 1 && !widthLow:
+		// Gen1 at full width is the state an idle GPU parks its link in;
+		// a source without activity (lspci) cannot say more.
+		return Finding{}, false
 	case genLow && act == activityUnknown:
 		f.Severity = Info
 		f.Title = fmt.Sprintf("%s: PCIe link at Gen%d of Gen%d, GPU activity unknown", gpuName(g), l.CurrentGen, best)
@@ -136,6 +140,11 @@ func otherLinkFindings(in *Input, gpuAddr map[string]bool) []Finding {
 			continue
 		}
 		l := d.Link
+		if l.CurrentWidth == 0 {
+			// x0: no link trained (an empty slot, a port in D3); there is
+			// nothing below it to be slow.
+			continue
+		}
 		genLow := l.CurrentGen > 0 && l.MaxGen > 0 && l.CurrentGen < l.MaxGen
 		widthLow := l.CurrentWidth > 0 && l.MaxWidth > 0 && l.CurrentWidth < l.MaxWidth
 		if !genLow && !widthLow {

@@ -175,7 +175,12 @@ func (b *builder) nvrmRecord(rec *record, text string, out *[]snapshot.Event) {
 		}
 		// "rm_init_adapter failed" follows "RmInitAdapter failed!" for the
 		// same GPU: one failure.
-		if b.openKind == "init" && (dev == "" || dev == b.open.Device) && b.attach(text) {
+		if b.openKind == "init" && (dev == "" || dev == b.open.Device || b.open.Device == "") && b.attach(text) {
+			// "RmInitAdapter: Cannot initialize GSP firmware RM" comes
+			// before the line that names the GPU.
+			if b.open.Device == "" {
+				b.open.Device = dev
+			}
 			return
 		}
 		b.resetNVRM()

@@ -93,7 +93,7 @@ var (
 	reCtime      = lazyRegexp(`^\[?((?:[^\s\d\[\]]{2,10}\.?,? )?[^\s\d\[\]]{2,10}\.? {1,2}\d{1,2} \d\d:\d\d:\d\d(?: [A-Z]{3,4})? \d{4})\]? ?(.*)$`)
 	reMono       = lazyRegexp(`^\[\s*[+<]?\s*(\d{1,12}[.,]\d{1,9})>?\] ?(.*)$`)
 	reHuman      = lazyRegexp(`^\[(` + monthWord + `\s?\d{1,2} \d\d:\d\d(?::\d\d)?)\] ?(.*)$`)
-	reSyslog     = lazyRegexp(`^(` + syslogDay + `|` + isoTime + `) (\S+) ([^\s:\[]+)(?:\[\d+\])?: ?(.*)$`)
+	reSyslog     = lazyRegexp(`^(` + syslogDay + `|` + isoTime + `) (\S*[^\s:]) ([A-Za-z_][\w./@-]*)(?:\[\d+\])?: ?(.*)$`)
 	// reSyslogNoHost: syslog without a host name ("Mar 27 17:40:36
 	// kernel: ...", as some forwarders and journalctl -o short-monotonic
 	// variants write it).
@@ -295,6 +295,10 @@ func readHeaders(line string) (record, bool) {
 				text = m[2]
 			}
 			r.findTime(pre)
+			r.source = "journal"
+			if r.format == "" {
+				r.format = "journal"
+			}
 			found = true
 		} else if loc := anchorAt(text); loc > 0 {
 			r.findTime(text[:loc])

@@ -35,11 +35,11 @@ func TestWrappers(t *testing.T) {
 		{"journalctl -o short-iso", "2025-02-27T15:10:02+0000 gpu-07 kernel: " + msg, "journal", "", at},
 		{"journalctl -o short-iso-precise", "2025-02-27T15:10:02.000000+00:00 gpu-07 kernel: " + msg, "journal", "", at},
 		{"syslog without a host name", "Feb 27 15:10:02 kernel: " + msg, "journal", "Feb 27 15:10:02", time.Time{}},
-		{"grep -H of a syslog file", "/var/log/syslog:Feb 27 15:10:02 gpu-07 kernel: [ 1843.308145] " + msg, "dmesg", "1843.308145", time.Time{}},
+		{"grep -H of a syslog file", "/var/log/syslog:Feb 27 15:10:02 gpu-07 kernel: [ 1843.308145] " + msg, "journal", "1843.308145", time.Time{}},
 		{"syslog with printk time", "Feb 27 15:10:02 gpu-07 kernel: [ 1843.308145] " + msg, "journal", "Feb 27 15:10:02", time.Time{}},
 		{"RFC 5424", "<4>1 2025-02-27T15:10:02Z gpu-07 kernel - - - " + msg, "journal", "", at},
 		{"collector: node, facility, level", "gpu-07 10.0.3.17 kern warning " + msg, "dmesg", "", time.Time{}},
-		{"collector: time, node, kern.warn", "2025-02-27T15:10:02.000000000Z gpu-07 kern.warn kernel: [ 1843.308145] " + msg, "dmesg", "", at},
+		{"collector: time, node, kern.warn", "2025-02-27T15:10:02.000000000Z gpu-07 kern.warn kernel: [ 1843.308145] " + msg, "journal", "", at},
 		{"collector: bracketed node", "[gpu-07] [ 1843.308145] " + msg, "dmesg", "1843.308145", time.Time{}},
 		{"collector: CRI wrapper", "2025-02-27T15:10:02Z stdout F [ 1843.308145] " + msg, "dmesg", "", at},
 		{"pasted indented", "    [ 1843.308145] " + msg, "dmesg", "1843.308145", time.Time{}},
@@ -61,6 +61,22 @@ func TestWrappers(t *testing.T) {
 				t.Errorf("source %q raw %q time %v, want %q %q %v", e.Source, e.RawTime, e.Time, tt.source, tt.raw, tt.time)
 			}
 		})
+	}
+}
+
+// TestISOLinesAreKernel: dmesg --time-format iso lines whose message starts
+// with a driver and an address are the kernel's, not a program's syslog
+// line ("pcieport" is no host, "0000" no program).
+func TestISOLinesAreKernel(t *testing.T) {
+	l := parseString(t, "2025-02-28T11:46:25,000000+00:00 pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010\n"+
+		"2025-02-28T11:46:25,000000+00:00 pcieport 0000:00:02.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, id=0010(Receiver ID)\n")
+	n := parseString(t, "2025-02-28T11:46:25,000000+00:00 NVRM: RmInitAdapter: Cannot initialize GSP firmware RM\n"+
+		"2025-02-28T11:46:25,000000+00:00 NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792)\n")
+	if len(n.Events) != 1 || n.Events[0].Kind != snapshot.EventInitFailed || n.Events[0].Device != "0000:98:00.0" {
+		t.Errorf("init failure: events %+v", n.Events)
+	}
+	if len(l.Events) != 1 || l.Events[0].Kind != snapshot.EventAER || l.Events[0].Port != "0000:00:02.0" || l.Events[0].Device != "0000:00:02.0" {
+		t.Errorf("events %+v", l.Events)
 	}
 }
 

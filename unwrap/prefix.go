@@ -131,10 +131,7 @@ func commonPrefix(data []byte) []byte {
 			}
 		}
 		blank := len(bytes.TrimSpace(cand)) == 0
-		if (blank && hit == len(lines)) || (!blank && float64(hit) >= minShare*float64(len(lines))) {
-			if !blank && !isWrapperWord(cand) {
-				return nil
-			}
+		if ((blank && hit == len(lines)) || (!blank && float64(hit) >= minShare*float64(len(lines)))) && (blank || isWrapperWord(cand)) {
 			return cand
 		}
 		cand = cand[:len(cand)-1]
