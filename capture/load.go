@@ -2,6 +2,7 @@ package capture
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"compress/bzip2"
 	"compress/gzip"
@@ -107,9 +108,35 @@ func readPath(ctx context.Context, p string) []Part {
 			return []Part{{Path: p, Err: fmt.Errorf("capture: %w", err)}}
 		}
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFile+1))
+	// Compressed files and tarballs are unpacked as they stream: a KFD
+	// tree holds thousands of small files, and a whole copy of the
+	// unpacked tar beside the files read from it doubled the memory.
+	br := bufio.NewReaderSize(f, 64<<10)
+	head, _ := br.Peek(512)
+	var r io.Reader = br
+	if isCompressed(head) {
+		dr, closeFn, err := decompressor(br, head)
+		if err != nil {
+			return []Part{{Path: p, Err: fmt.Errorf("%s: %w", p, err)}}
+		}
+		defer closeFn()
+		db := bufio.NewReaderSize(dr, 64<<10)
+		r = db
+		head, _ = db.Peek(512)
+	}
+	if isTar(head) {
+		fsys, err := untarReader(io.LimitReader(r, maxFile+1))
+		if err != nil {
+			return []Part{{Path: p, Err: fmt.Errorf("%s: %w", p, err)}}
+		}
+		return readTree(ctx, fsys, p, "")
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxFile+1))
 	if err != nil {
-		return []Part{{Path: p, Err: fmt.Errorf("capture: %w", err)}}
+		return []Part{{Path: p, Err: fmt.Errorf("%s: %w", p, err)}}
+	}
+	if len(data) > maxFile {
+		return []Part{{Path: p, Err: fmt.Errorf("%s: unpacks to more than %d MB", p, maxFile>>20)}}
 	}
 	return readData(ctx, p, data, "")
 }
@@ -355,34 +382,43 @@ func isCompressed(b []byte) bool {
 	return false
 }
 
+// decompressor opens a decompressing reader of r, whose first bytes are
+// head; closeFn releases it.
+func decompressor(r io.Reader, head []byte) (io.Reader, func(), error) {
+	none := func() {}
+	switch {
+	case head[0] == 0x1f:
+		z, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, none, fmt.Errorf("not a gzip file: %w", err)
+		}
+		return z, func() { z.Close() }, nil
+	case head[0] == 'B':
+		return bzip2.NewReader(r), none, nil
+	case head[0] == 0xfd:
+		x, err := xz.NewReader(r)
+		if err != nil {
+			return nil, none, fmt.Errorf("not an xz file: %w", err)
+		}
+		return x, none, nil
+	}
+	d, err := zstd.NewReader(r, zstd.WithDecoderMaxMemory(maxFile))
+	if err != nil {
+		return nil, none, fmt.Errorf("not a zstd file: %w", err)
+	}
+	return d, d.Close, nil
+}
+
 // decompress unpacks a compressed file into memory, up to maxFile bytes.
 func decompress(data []byte) ([]byte, error) {
-	var r io.Reader
-	var err error
-	what := "gzip"
-	switch {
-	case data[0] == 0x1f:
-		r, err = gzip.NewReader(bytes.NewReader(data))
-	case data[0] == 'B':
-		what, r = "bzip2", bzip2.NewReader(bytes.NewReader(data))
-	case data[0] == 0xfd:
-		what = "xz"
-		r, err = xz.NewReader(bytes.NewReader(data))
-	default:
-		what = "zstd"
-		var d *zstd.Decoder
-		d, err = zstd.NewReader(bytes.NewReader(data), zstd.WithDecoderMaxMemory(maxFile))
-		if err == nil {
-			defer d.Close()
-			r = d
-		}
-	}
+	r, closeFn, err := decompressor(bytes.NewReader(data), data)
 	if err != nil {
-		return nil, fmt.Errorf("not a %s file: %w", what, err)
+		return nil, err
 	}
+	defer closeFn()
 	plain, err := io.ReadAll(io.LimitReader(r, maxFile+1))
 	if err != nil {
-		return nil, fmt.Errorf("reading %s data: %w", what, err)
+		return nil, fmt.Errorf("reading compressed data: %w", err)
 	}
 	if len(plain) > maxFile {
 		return nil, fmt.Errorf("unpacks to more than %d MB", maxFile>>20)
@@ -404,10 +440,13 @@ func untarGz(data []byte) (fs.FS, error) {
 	return untar(plain)
 }
 
-// untar unpacks a tar into memory. When every entry sits under one top
-// folder, that folder becomes the root.
-func untar(data []byte) (fs.FS, error) {
-	tr := tar.NewReader(bytes.NewReader(data))
+// untar unpacks a tar into memory (see untarReader).
+func untar(data []byte) (fs.FS, error) { return untarReader(bytes.NewReader(data)) }
+
+// untarReader unpacks a tar into memory as it streams. When every entry
+// sits under one top folder, that folder becomes the root.
+func untarReader(r io.Reader) (fs.FS, error) {
+	tr := tar.NewReader(r)
 	m := map[string][]byte{}
 	var total int64
 	for {

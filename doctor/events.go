@@ -415,7 +415,11 @@ var reAMDResetN = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompi
 
 // countSpan says "3 events, 12:01:02 to 12:05:00" or "1 event".
 func countSpan(evs []snapshot.Event) string {
-	n := fmt.Sprintf("%d %s", len(evs), plural(len(evs), "event", "events"))
+	total := 0
+	for _, e := range evs {
+		total += 1 + e.Repeats
+	}
+	n := fmt.Sprintf("%d %s", total, plural(total, "event", "events"))
 	var first, last time.Time
 	for _, e := range evs {
 		if e.Time.IsZero() {

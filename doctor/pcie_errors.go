@@ -155,9 +155,10 @@ func checkAER(in *Input) []Finding {
 	sort.Strings(keys)
 	for _, port := range keys {
 		evs := byDev[port]
-		sev, corrected := Info, 0
+		sev, corrected, total := Info, 0, 0
 		devs := []string{port}
 		for _, e := range evs {
+			total += 1 + e.Repeats
 			devs = append(devs, e.Device)
 			m := strings.ToLower(e.Message)
 			switch {
@@ -166,7 +167,7 @@ func checkAER(in *Input) []Finding {
 			case strings.Contains(m, "uncorrect"):
 				sev = max(sev, Warning)
 			default:
-				corrected++
+				corrected += 1 + e.Repeats
 				if e.Code > 1 {
 					// A firmware-first record numbered past 1: the
 					// platform has logged hardware errors before.
@@ -181,7 +182,7 @@ func checkAER(in *Input) []Finding {
 		f := Finding{
 			ID:       "pcie-aer-errors",
 			Severity: sev,
-			Title:    fmt.Sprintf("kernel log: %d PCIe AER %s from %s", len(evs), plural(len(evs), "report", "reports"), orNode(port)),
+			Title:    fmt.Sprintf("kernel log: %d PCIe AER %s from %s", total, plural(total, "report", "reports"), orNode(port)),
 			Evidence: eventLines(evs, 5),
 			Impact:   "the PCIe link reported errors: correctable ones that recur mean a marginal link (replays cost bandwidth, and they precede uncorrectable ones); fatal ones take the device off the bus",
 			Remedy:   "Reseat or replace the card, riser or cable on this link; update the platform firmware; if it recurs, lower the slot's generation in the BIOS to confirm a signal-integrity fault.",

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"io"
 	"sort"
+	"strings"
 
 	"kiln.dev/kiln/snapshot"
 )
@@ -101,6 +102,17 @@ type Log struct {
 func Parse(r io.Reader) (*Log, error) {
 	rd := NewReader(r)
 	l := &Log{}
+	// A storm repeats one event thousands of times: past the first few of
+	// a kind on a device, each keeps only its first line, so memory follows
+	// the number of events, not their dumps.
+	type key struct {
+		kind, dev string
+		code      int
+	}
+	seen := map[key]int{}
+	// last is where the newest event of a key past keepPerKind sits: it
+	// stands for the ones not kept (Repeats).
+	last := map[key]int{}
 	for {
 		ev, err := rd.Next()
 		if errors.Is(err, io.EOF) {
@@ -113,10 +125,43 @@ func Parse(r io.Reader) (*Log, error) {
 			l.Dropped++
 			continue
 		}
+		k := key{ev.Kind, ev.Device, ev.Code}
+		seen[k]++
+		if seen[k] > fullEvents {
+			ev.Message = shortMessage(ev.Message)
+		}
+		if seen[k] > keepPerKind {
+			i := last[k]
+			ev.Repeats = l.Events[i].Repeats + 1
+			l.Events[i] = ev
+			continue
+		}
+		if seen[k] == keepPerKind {
+			last[k] = len(l.Events)
+		}
 		l.Events = append(l.Events, ev)
 	}
 	l.Facts = rd.Facts()
 	return l, nil
+}
+
+// keepPerKind is how many events of one kind, code and device are kept;
+// the newest of the rest stands for them all (Event.Repeats counts them).
+const keepPerKind = 512
+
+// fullEvents is how many events of one kind, code and device keep their
+// whole message.
+const fullEvents = 16
+
+// shortMessage keeps a message's first line, at most 256 bytes of it.
+func shortMessage(m string) string {
+	if i := strings.IndexByte(m, '\n'); i >= 0 {
+		m = m[:i]
+	}
+	if len(m) > 256 {
+		m = strings.ToValidUTF8(m[:256], "")
+	}
+	return strings.Clone(m)
 }
 
 // Facts returns the boot facts seen so far, sorted by address.

@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -414,5 +415,32 @@ func TestSniff(t *testing.T) {
 		if Sniff(b) {
 			t.Errorf("Sniff(%s) = true", n)
 		}
+	}
+}
+
+// TestStormIsBounded: a storm of one Xid keeps keepPerKind events, the
+// newest standing for the rest, and messages past the first few are cut to
+// their first line.
+func TestStormIsBounded(t *testing.T) {
+	var b strings.Builder
+	const n = 5000
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "[ %d.0] NVRM: Xid (PCI:0000:01:00): 13, pid=%d, name=a, Graphics Exception\n", i, i+1)
+		b.WriteString("[ 0.0] NVRM: a detail line of the report\n")
+	}
+	l := parseString(t, b.String())
+	total := 0
+	for _, e := range l.Events {
+		total += 1 + e.Repeats
+	}
+	if len(l.Events) != keepPerKind || total != n {
+		t.Fatalf("%d events kept standing for %d, want %d for %d", len(l.Events), total, keepPerKind, n)
+	}
+	last := l.Events[len(l.Events)-1]
+	if last.PID != n || strings.Contains(last.Message, "\n") {
+		t.Errorf("last event %+v: want the newest (pid %d), first line only", last, n)
+	}
+	if !strings.Contains(l.Events[0].Message, "\n") {
+		t.Errorf("the first events keep their detail lines: %q", l.Events[0].Message)
 	}
 }

@@ -546,6 +546,9 @@ type Event struct {
 	Reason string `json:"reason,omitempty"`
 	// Port is the root or switch port that reported a PCIe AER event.
 	Port string `json:"port,omitempty"`
+	// Repeats counts the events like this one (same kind, code and
+	// device, before it) that a long log had and were not kept one by one.
+	Repeats int `json:"repeats,omitempty"`
 }
 
 // TopoMatrix is a device matrix as printed by a vendor tool.
