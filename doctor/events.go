@@ -3,9 +3,9 @@ package doctor
 import (
 	"fmt"
 	"regexp"
-	"sync"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"kiln.dev/kiln/kb"

@@ -121,8 +121,8 @@ func hostCapFindings(in *Input) []Finding {
 			Devices:  addrs(gs),
 			Title: fmt.Sprintf("%d %s: the host side of the link is Gen%d, the %s Gen%d", len(gs), plural(len(gs), "GPU", "GPUs"), k.host,
 				plural(len(gs), "GPU", "GPUs"), k.dev),
-			Evidence: []string{fmt.Sprintf("driver: device max Gen%d, host max Gen%d, width x%d", k.dev, k.host, width)},
-			Remedy:   "Move the GPU to a slot wired to a root port or switch of its generation, check the BIOS's PCIe speed setting for the slot (often set to Gen3 or Auto behind risers), or replace a riser or retimer rated for the lower generation.",
+			Evidence:  []string{fmt.Sprintf("driver: device max Gen%d, host max Gen%d, width x%d", k.dev, k.host, width)},
+			Remedy:    "Move the GPU to a slot wired to a root port or switch of its generation, check the BIOS's PCIe speed setting for the slot (often set to Gen3 or Auto behind risers), or replace a riser or retimer rated for the lower generation.",
 			Reference: "nvidia-smi -q PCIe Generation (Device Max, Host Max); NVML nvmlDeviceGetGpuMaxPcieLinkGeneration",
 		}
 		for _, g := range gs {

@@ -28,7 +28,7 @@ var (
 	reGPUIndex   = lazyRegexp(`NVRM: GPU(\d{1,3}) `)
 	reRPCFromGPU = lazyRegexp(`response from GPU(\d{1,3}) GSP`)
 	reGPUAddr    = lazyRegexp(`NVRM: GPU (` + pciAddr + `): `)
-	reAnyAddr     = lazyRegexp(pciAddr)
+	reAnyAddr    = lazyRegexp(pciAddr)
 	// reDevPrefix is the "<driver> <address>: " prefix of dev_printk lines.
 	reDevPrefix = lazyRegexp(`^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):\s`)
 
@@ -39,7 +39,7 @@ var (
 	reAMDSecondary = lazyRegexp(`(?i)timed out|\btimeout\b|\bmode[12] reset\b|\bbaco reset\b|gpu reset begin|gpu recovery failed|asic reset failed|reset failed|reset succeeded|gpu reset\(\d+\) (?:failed|succeeded)|\bgpu hang|vram is lost|\*ERROR\*`)
 	// reAMDInitFailed: the driver gave the GPU up while bringing it up.
 	reAMDInitFailed = lazyRegexp(`(?i)fatal error during gpu init|amdgpu_device_ip_init failed|amdgpu: finishing device`)
-	reAMDDetail    = lazyRegexp(`(?i)^(?:\[drm:amdgpu_job_timedout \[amdgpu\]\] \*ERROR\* )?process information|^process \S* pid|in page starting at|_FAULT_STATUS|faulty utcl2|more_faults|walker_error|permission_faults|mapping_error|^\s*rw: |cid: `)
+	reAMDDetail     = lazyRegexp(`(?i)^(?:\[drm:amdgpu_job_timedout \[amdgpu\]\] \*ERROR\* )?process information|^process \S* pid|in page starting at|_FAULT_STATUS|faulty utcl2|more_faults|walker_error|permission_faults|mapping_error|^\s*rw: |cid: `)
 
 	reAERID       = lazyRegexp(`id=([0-9a-fA-F]{4})\b`)
 	reGHESStart   = lazyRegexp(`\{(\d{1,12})\}\[Hardware Error\]: Hardware error from APEI`)
