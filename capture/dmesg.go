@@ -51,6 +51,16 @@ func parseDmesg(_ string, r io.Reader) (*snapshot.Snapshot, error) {
 	}
 	s := snapshot.New()
 	s.Events = l.Events
+	// Say what was read: a log with no GPU line is an answer too.
+	what := "no GPU event found"
+	if n := len(l.Events) + l.Dropped; n > 0 {
+		for _, e := range l.Events {
+			n += e.Repeats
+		}
+		what = fmt.Sprintf("%d GPU and PCIe %s", n, plural(n, "event", "events"))
+	}
+	s.Notes = append(s.Notes, snapshot.Note{Source: "dmesg",
+		Message: fmt.Sprintf("read %d lines of kernel log (%s): %s, %d GPUs named", l.Lines, l.Format, what, len(logGPUs(l.Facts)))})
 	if l.Dropped > 0 {
 		s.Notes = append(s.Notes, snapshot.Note{Source: "dmesg",
 			Message: fmt.Sprintf("kernel log holds more than %d GPU events; %d later ones were not kept", kmsg.MaxEvents, l.Dropped)})
@@ -118,4 +128,11 @@ func logGPUs(f kmsg.Facts) []snapshot.GPU {
 		gpus = append(gpus, *g)
 	}
 	return gpus
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
