@@ -389,7 +389,6 @@ func lspciHeader(line string) (lspciFn, bool, error) {
 	case strings.HasSuffix(classPart, "]") && len(classPart) >= 7 && classPart[len(classPart)-7:len(classPart)-5] == " [" &&
 		lspciIsHex(classPart[len(classPart)-5:len(classPart)-1]):
 		f.d.Class = strings.ToLower(classPart[len(classPart)-5 : len(classPart)-1])
-		classPart = classPart[:len(classPart)-7]
 	case strings.HasPrefix(classPart, "Class ") && lspciIsHex(classPart[len("Class "):]) && len(classPart) == len("Class ")+4:
 		f.d.Class = strings.ToLower(classPart[len("Class "):])
 	default:

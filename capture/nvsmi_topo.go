@@ -28,9 +28,6 @@ func init() {
 	})
 }
 
-// topoMTrailing are the column titles that follow the device columns.
-var topoMTrailing = []string{"CPU Affinity", "NUMA Affinity", "GPU NUMA ID"}
-
 // topoMCell says whether a cell is one of the path codes nvidia-smi prints.
 func topoMCell(c string) bool {
 	switch c {
