@@ -3,6 +3,7 @@ package kfd
 import (
 	"archive/tar"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"os"
 	"path"
@@ -265,5 +266,52 @@ func TestRootFindsNestedTopology(t *testing.T) {
 	if len(s.GPUs) != 1 || s.GPUs[0].GFXTarget != "gfx1100" || s.GPUs[0].PCIAddress != "0000:03:00.0" ||
 		s.GPUs[0].MemoryTotalBytes != 25753026560 || s.GPUs[0].Partition != nil {
 		t.Errorf("GPUs = %+v", s.GPUs)
+	}
+}
+
+// TestMissingNodes: a copy of the tree that lacks a node, or holds one whose
+// properties are empty (a hung GPU's sysfs reads fail), is the trace of a
+// GPU the kernel knew: a tool-error event says which; a whole tree gives
+// none.
+func TestMissingNodes(t *testing.T) {
+	cpu := []byte("cpu_cores_count 8\nsimd_count 0\n")
+	gpu := func(loc int) []byte {
+		return fmt.Appendf(nil, "cpu_cores_count 0\nsimd_count 304\ngfx_target_version 90402\nlocation_id %d\ndevice_id 29857\nunique_id %d\n", loc, loc)
+	}
+	whole := fstest.MapFS{
+		"nodes/0/properties": {Data: cpu},
+		"nodes/1/properties": {Data: gpu(768)},
+		"nodes/2/properties": {Data: gpu(1024)},
+	}
+	s, err := Read(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Events) != 0 {
+		t.Errorf("whole tree: events %+v", s.Events)
+	}
+	for name, fsys := range map[string]fstest.MapFS{
+		"gap": {
+			"nodes/0/properties": {Data: cpu},
+			"nodes/2/properties": {Data: gpu(1024)},
+		},
+		"empty properties": {
+			"nodes/0/properties": {Data: cpu},
+			"nodes/1/properties": {Data: []byte("")},
+			"nodes/2/properties": {Data: gpu(1024)},
+		},
+		"dangling link": {
+			"nodes/0/properties":            {Data: cpu},
+			"nodes/1/properties":            {Data: gpu(768)},
+			"nodes/1/io_links/0/properties": {Data: []byte("type 11\nnode_from 1\nnode_to 2\nweight 15\n")},
+		},
+	} {
+		s, err := Read(fsys)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(s.Events) != 1 || s.Events[0].Kind != snapshot.EventToolError || !strings.Contains(s.Events[0].Message, "node") {
+			t.Errorf("%s: events %+v, want one tool error naming the node", name, s.Events)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"sort"
 	"strconv"
+	"strings"
 
 	"kiln.dev/kiln/snapshot"
 )
@@ -84,7 +85,51 @@ func (t *Topology) Snapshot() *snapshot.Snapshot {
 		}
 	}
 	s.Links = buildLinks(t.Nodes, gpus, owner)
+	if ev, ok := t.missingNodes(); ok {
+		s.Events = append(s.Events, ev)
+	}
 	return s
+}
+
+// missingNodes: nodes the tree lacks (a gap in the numbering, a link to a
+// node that is not there) or cannot read are GPUs or sockets the kernel
+// knew and the copy does not show: a GPU that hung or fell away.
+func (t *Topology) missingNodes() (snapshot.Event, bool) {
+	have := map[int]bool{}
+	maxID := -1
+	for _, n := range t.Nodes {
+		have[n.ID] = true
+		maxID = max(maxID, n.ID)
+	}
+	for _, u := range t.Unreadable {
+		maxID = max(maxID, u)
+	}
+	var why []string
+	for _, u := range t.Unreadable {
+		why = append(why, fmt.Sprintf("node %d has no readable properties", u))
+	}
+	unread := map[int]bool{}
+	for _, u := range t.Unreadable {
+		unread[u] = true
+	}
+	for id := 0; id < maxID && len(why) < 16; id++ {
+		if !have[id] && !unread[id] {
+			why = append(why, fmt.Sprintf("node %d is missing between nodes 0 and %d", id, maxID))
+		}
+	}
+	for _, n := range t.Nodes {
+		for _, l := range append(append([]Link(nil), n.IOLinks...), n.P2PLinks...) {
+			if !have[l.To] && !unread[l.To] && len(why) < 16 {
+				why = append(why, fmt.Sprintf("node %d links to node %d, which is missing", n.ID, l.To))
+				have[l.To] = true // once per node
+			}
+		}
+	}
+	if len(why) == 0 {
+		return snapshot.Event{}, false
+	}
+	return snapshot.Event{Source: SourceKind, Kind: snapshot.EventToolError, Reason: snapshot.ToolGPUError,
+		Message: "KFD topology incomplete: " + strings.Join(why, "; ")}, true
 }
 
 func groupGPUs(nodes []Node) []*physical {

@@ -36,6 +36,9 @@ type Topology struct {
 	System Properties
 	// Generation is generation_id when present.
 	Generation string
+	// Unreadable lists nodes whose properties could not be read (a hung
+	// GPU's sysfs files fail to read; a copy holds them empty).
+	Unreadable []int
 }
 
 // Node is one KFD node: a CPU socket (NUMA node), a GPU, or one partition
@@ -148,6 +151,10 @@ func ReadTopology(fsys fs.FS) (*Topology, error) {
 			return nil, fmt.Errorf("kfd topology: more than %d nodes", maxNodes)
 		}
 		n, err := readNode(fsys, id)
+		if errors.Is(err, errUnreadable) {
+			t.Unreadable = append(t.Unreadable, id)
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -168,9 +175,15 @@ func ReadTopology(fsys fs.FS) (*Topology, error) {
 	return t, nil
 }
 
+// errUnreadable marks a node whose properties file is missing or empty.
+var errUnreadable = errors.New("properties missing or empty")
+
 func readNode(fsys fs.FS, id int) (Node, error) {
 	dir := path.Join("nodes", strconv.Itoa(id))
 	b, err := readSmall(fsys, path.Join(dir, "properties"))
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(strings.TrimSpace(string(b))) == 0) {
+		return Node{}, fmt.Errorf("kfd topology: node %d: %w", id, errUnreadable)
+	}
 	if err != nil {
 		return Node{}, fmt.Errorf("kfd topology: node %d: %w", id, err)
 	}
