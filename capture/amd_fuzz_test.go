@@ -22,6 +22,23 @@ func addSeeds(f *testing.F, glob string) {
 	}
 }
 
+// addSmallSeeds adds the files of glob, each cut to its first 8 KiB: large
+// captures make the fuzzer's minimisation crawl, and their head (a banner,
+// the first GPU entries) holds their shape.
+func addSmallSeeds(f *testing.F, glob string) {
+	files, err := filepath.Glob(glob)
+	if err != nil || len(files) == 0 {
+		f.Fatalf("no seeds for %s", glob)
+	}
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b[:min(len(b), 8<<10)])
+	}
+}
+
 // checkAMDSnapshot checks what every AMD importer promises.
 func checkAMDSnapshot(t *testing.T, s *snapshot.Snapshot) {
 	t.Helper()
@@ -47,6 +64,42 @@ func checkAMDSnapshot(t *testing.T, s *snapshot.Snapshot) {
 	for _, l := range s.Links {
 		if l.A == l.B || l.Weight < 0 || l.Hops < 0 {
 			t.Errorf("link %+v", l)
+		}
+	}
+	for _, g := range s.GPUs {
+		if g.NUMANode != nil && *g.NUMANode > rocmMaxIndex {
+			t.Errorf("NUMA node %d", *g.NUMANode)
+		}
+		for _, k := range g.KFDNodes {
+			if k < 0 || k > rocmMaxIndex {
+				t.Errorf("KFD node %d", k)
+			}
+		}
+		if g.Processes < 0 {
+			t.Errorf("processes %d", g.Processes)
+		}
+	}
+	for _, e := range s.Events {
+		switch {
+		case e.Kind != snapshot.EventToolError:
+			t.Errorf("event kind %q", e.Kind)
+		case e.Reason != snapshot.ToolGPUError && e.Reason != snapshot.ToolDriverUnreachable && e.Reason != snapshot.ToolPermissionDenied:
+			t.Errorf("event reason %q", e.Reason)
+		case e.Device != "":
+			if c, err := snapshot.CanonicalPCI(e.Device); err != nil || c != e.Device {
+				t.Errorf("event device %q", e.Device)
+			}
+		}
+	}
+	if m := s.Matrix; m != nil {
+		n := len(m.Devices)
+		if len(m.Cells) != n || m.Weights != nil && len(m.Weights) != n || m.Hops != nil && len(m.Hops) != n {
+			t.Errorf("matrix of %d devices: %d rows, %d weight rows, %d hop rows", n, len(m.Cells), len(m.Weights), len(m.Hops))
+		}
+		for i := range m.Cells {
+			if len(m.Cells[i]) != n || m.Weights != nil && len(m.Weights[i]) != n || m.Hops != nil && len(m.Hops[i]) != n {
+				t.Errorf("matrix row %d is not %d wide", i, n)
+			}
 		}
 	}
 	for _, c := range s.Claims {
@@ -78,6 +131,7 @@ func FuzzRocmSMI(f *testing.F) {
 func FuzzAMDSMI(f *testing.F) {
 	addSeeds(f, "../testdata/amd-smi/*.json")
 	addSeeds(f, "../testdata/amd-smi/*.txt")
+	addSmallSeeds(f, "../testdata/captures/amd-smi/*")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var s *snapshot.Snapshot
 		var err error
@@ -90,6 +144,35 @@ func FuzzAMDSMI(f *testing.F) {
 			return
 		}
 		if err == nil {
+			checkAMDSnapshot(t, s)
+		}
+	})
+}
+
+// FuzzAMDSMIText feeds any input to the text reader (key-value blocks,
+// monitor and process tables, topology tables, the permission banner), not
+// only what Detect accepts.
+func FuzzAMDSMIText(f *testing.F) {
+	addSeeds(f, "../testdata/amd-smi/*.txt")
+	addSmallSeeds(f, "../testdata/captures/amd-smi/*")
+	f.Add([]byte("GPU  POWER  GPU_TEMP  MEM_TEMP\n  0  248 W  55 \u00b0C  48 \u00b0C\n"))
+	f.Add([]byte("WEIGHT TABLE:\n             0000:05:00.0 0000:26:00.0\n0000:05:00.0 0 15\n0000:26:00.0 15 0\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if s, err := parseAMDSMIText(data); err == nil {
+			checkAMDSnapshot(t, s)
+		}
+	})
+}
+
+// FuzzRocmSMIText feeds any input to the rocm-smi text reader (concise and
+// hardware tables, matrices, error lines, partition folding).
+func FuzzRocmSMIText(f *testing.F) {
+	addSeeds(f, "../testdata/captures/rocm-smi/*.txt")
+	// Found by the fuzzer: a --showhw row cut at the header's columns gave
+	// KFD node 7000.
+	f.Add([]byte("0\n==0ConCise HArdwAre Info0=\nGPU  NODE  0000BUS0\n000007000"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if s, err := parseRocmText(data); err == nil {
 			checkAMDSnapshot(t, s)
 		}
 	})

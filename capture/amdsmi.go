@@ -25,7 +25,9 @@ import (
 // with units are {"value": 32, "unit": "GT/s"}; unknown values are "N/A".
 // Text: "GPU: 0" opens a block; nested "KEY: value" lines are indented by
 // four spaces per level, keys are the JSON keys in upper case and values
-// carry their unit ("32 GT/s", "196592 MB").
+// carry their unit ("32 GT/s", "196592 MB"). `amd-smi monitor` and `amd-smi
+// topology` print tables instead (amdsmi_tables.go). A notice that amd-smi
+// could not open the GPU device nodes may come first, in both forms.
 func init() {
 	RegisterFile(FileImporter{
 		Kind: "amd-smi",
@@ -46,12 +48,62 @@ var amdGPUKeys = []string{"asic", "bus", "bdf", "uuid", "kfd_id", "usage", "powe
 	"mem_usage", "temperature", "board", "partition", "numa", "ifwi", "vbios", "driver", "limit"}
 
 func amdIsJSON(data []byte) bool {
-	t := bytes.TrimSpace(data)
-	if len(t) == 0 || (t[0] != '[' && t[0] != '{') {
-		return false
+	_, entries, _, _, ok := amdLocateJSON(data)
+	return ok && len(entries) > 0
+}
+
+// amdMaxBanner is how many lines of text amd-smi may print before its JSON
+// (the permission notice of a run without access to the GPU device nodes
+// is 14).
+const amdMaxBanner = 64
+
+// amdLocateJSON finds amd-smi's JSON in data: at its start, or after a short
+// text banner. It returns where the JSON starts, the per-GPU entries, the
+// ROCm version, and whether the document had to be mended because its end
+// was cut off (as in the first 64 KiB that Detect sees).
+func amdLocateJSON(data []byte) (start int, entries []map[string]any, rocm string, mended, ok bool) {
+	off := 0
+	for n := 0; n <= amdMaxBanner && off < len(data); n++ {
+		end := bytes.IndexByte(data[off:], '\n')
+		line := data[off:]
+		if end >= 0 {
+			line = data[off : off+end]
+		}
+		t := bytes.TrimLeft(line, " \t")
+		if len(t) > 0 && (t[0] == '{' || t[0] == '[') {
+			at := off + len(line) - len(t)
+			if e, r, m, err := amdDecodeMended(data[at:]); err == nil && len(e) > 0 {
+				return at, e, r, m, true
+			}
+		}
+		if end < 0 {
+			break
+		}
+		off += end + 1
 	}
-	entries, _, err := amdDecodeJSON(t)
-	return err == nil && len(entries) > 0
+	return 0, nil, "", false, false
+}
+
+// amdDecodeMended decodes data, closing a document whose tail was cut off.
+func amdDecodeMended(data []byte) ([]map[string]any, string, bool, error) {
+	entries, rocm, err := amdDecodeJSON(data)
+	if err == nil {
+		return entries, rocm, false, nil
+	}
+	// Mend only a document that was cut (or GPU entries that other output
+	// follows), not any text that happens to start with a bracket.
+	if len(entries) == 0 && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, "", false, err
+	}
+	fixed, ok := amdCloseJSON(data)
+	if !ok {
+		return nil, "", false, err
+	}
+	entries, rocm, err2 := amdDecodeJSON(fixed)
+	if err2 != nil {
+		return nil, "", false, err
+	}
+	return entries, rocm, true, nil
 }
 
 // amdDecodeJSON reads every JSON value in data and returns the per-GPU
@@ -65,7 +117,9 @@ func amdDecodeJSON(data []byte) (entries []map[string]any, rocm string, err erro
 		if err := dec.Decode(&v); err == io.EOF {
 			break
 		} else if err != nil {
-			return nil, "", fmt.Errorf("amd-smi JSON: %w", err)
+			// The entries before the error are returned too: they say
+			// whether mending the document is worth it.
+			return entries, rocm, fmt.Errorf("amd-smi JSON: %w", err)
 		}
 		var list []any
 		switch x := v.(type) {
@@ -106,13 +160,16 @@ var (
 )
 
 func amdIsText(data []byte) bool {
-	return !rocmIsText(data) && amdTextGPU.Match(data) && amdTextKey.Match(data)
+	if rocmIsText(data) {
+		return false
+	}
+	return amdTextGPU.Match(data) && amdTextKey.Match(data) || amdHasTable(data)
 }
 
 func parseAMDSMIJSON(data []byte) (*snapshot.Snapshot, error) {
-	entries, rocm, err := amdDecodeJSON(bytes.TrimSpace(data))
-	if err != nil {
-		return nil, err
+	start, entries, rocm, mended, ok := amdLocateJSON(data)
+	if !ok {
+		return nil, errors.New("amd-smi JSON: no GPU entry")
 	}
 	s := amdBuild(entries)
 	if rocm != "" {
@@ -120,6 +177,11 @@ func parseAMDSMIJSON(data []byte) (*snapshot.Snapshot, error) {
 	}
 	if len(s.GPUs) == 0 {
 		return nil, errors.New("amd-smi JSON: no GPU entry")
+	}
+	amdBanner(s, data[:start])
+	if mended {
+		s.Notes = append(s.Notes, snapshot.Note{Source: "amd-smi",
+			Message: "the JSON was not whole (cut off, or followed by other output); its complete part was read"})
 	}
 	return s, nil
 }
@@ -153,7 +215,8 @@ func parseAMDSMIText(data []byte) (*snapshot.Snapshot, error) {
 		if !ok {
 			continue
 		}
-		key = strings.ToLower(strings.TrimSpace(key))
+		// "CURRENT LEVEL" is the JSON's "current_level".
+		key = strings.ReplaceAll(strings.ToLower(strings.TrimSpace(key)), " ", "_")
 		val = strings.TrimSpace(val)
 		if indent == 0 {
 			stack = nil
@@ -186,13 +249,17 @@ func parseAMDSMIText(data []byte) (*snapshot.Snapshot, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("amd-smi text: line %d: %w", n+1, err)
 	}
+	t := amdScanTables(data)
+	entries = t.mergeInto(entries)
 	s := amdBuild(entries)
 	if rocm != "" {
 		s.Drivers.ROCm = rocm
 	}
 	if len(s.GPUs) == 0 {
-		return nil, errors.New("amd-smi text: no \"GPU: n\" block")
+		return nil, errors.New("amd-smi text: no \"GPU: n\" block, monitor table or topology table")
 	}
+	t.apply(s)
+	amdBanner(s, data)
 	return s, nil
 }
 
@@ -500,14 +567,24 @@ func amdFill(g *snapshot.GPU, m map[string]any, s *snapshot.Snapshot) (partition
 		g.Partition = part
 	}
 
-	// Limits.
-	if v, _, ok := qty("limit", "socket_power"); ok {
+	// Limits: flat in older releases ("socket_power"), per power-tracking
+	// domain in ROCm 7 ("ppt0": {"socket_power_limit": ...}); ppt0 is the
+	// socket limit.
+	firstQty := func(paths ...[]string) (float64, bool) {
+		for _, p := range paths {
+			if v, _, ok := qty(p...); ok {
+				return v, true
+			}
+		}
+		return 0, false
+	}
+	if v, ok := firstQty([]string{"limit", "socket_power"}, []string{"limit", "ppt0", "socket_power_limit"}); ok {
 		amdPower(g).LimitW = snapshot.Ptr(v)
 	}
-	if v, _, ok := qty("limit", "max_power"); ok {
+	if v, ok := firstQty([]string{"limit", "max_power"}, []string{"limit", "ppt0", "max_power_limit"}); ok {
 		amdPower(g).MaxLimitW = snapshot.Ptr(v)
 	}
-	if v, _, ok := qty("limit", "min_power"); ok {
+	if v, ok := firstQty([]string{"limit", "min_power"}, []string{"limit", "ppt0", "min_power_limit"}); ok {
 		amdPower(g).MinLimitW = snapshot.Ptr(v)
 	}
 	if v, _, ok := qty("limit", "slowdown_hotspot_temperature"); ok {
@@ -540,6 +617,64 @@ func amdFill(g *snapshot.GPU, m map[string]any, s *snapshot.Snapshot) (partition
 	if v, _, ok := qty("temperature", "mem"); ok {
 		amdTemp(g).MemoryC = snapshot.Ptr(v)
 	}
+	// Clocks: metric's "clock": {"gfx_0": {"clk": ...}, "mem_0": ...} (and
+	// the monitor table's GFX_CLOCK, MEM_CLOCK); static's "clock": {"sys":
+	// {"current_frequency": ..., "frequency_levels": {...}}, "mem": ...},
+	// whose highest level is the clock's maximum.
+	for _, c := range []struct{ metric, static string }{{"gfx_0", "sys"}, {"mem_0", "mem"}} {
+		cur, hasCur := firstQty([]string{"clock", c.metric, "clk"}, []string{"clock", c.static, "current_frequency"})
+		mx, hasMax := firstQty([]string{"clock", c.metric, "max_clk"})
+		if !hasMax {
+			mx, hasMax = amdMaxLevel(amdPath(m, "clock", c.static, "frequency_levels"))
+		}
+		if !hasCur && !hasMax {
+			continue
+		}
+		k := amdClocks(g)
+		curP, maxP := &k.GraphicsMHz, &k.MaxGraphicsMHz
+		if c.static == "mem" {
+			curP, maxP = &k.MemoryMHz, &k.MaxMemoryMHz
+		}
+		if hasCur {
+			*curP = snapshot.Ptr(cur)
+		}
+		if hasMax {
+			*maxP = snapshot.Ptr(mx)
+		}
+	}
+
+	// ECC: metric's error counts (since the driver loaded) and static's
+	// RAS state of the memory controller (UMC) block.
+	if n, ok := amdCount(amdPath(m, "ecc", "total_correctable_count")); ok {
+		amdECC(g).VolatileCorrectable = snapshot.Ptr(n)
+	}
+	if n, ok := amdCount(amdPath(m, "ecc", "total_uncorrectable_count")); ok {
+		amdECC(g).VolatileUncorrectable = snapshot.Ptr(n)
+	}
+	if blocks, ok := amdPath(m, "ras", "ecc_block_state").(map[string]any); ok {
+		for k, v := range blocks {
+			st, _ := amdStr(v)
+			if !strings.EqualFold(k, "umc") {
+				continue
+			}
+			switch strings.ToUpper(st) {
+			case "ENABLED":
+				amdECC(g).Enabled = snapshot.Ptr(true)
+			case "DISABLED":
+				amdECC(g).Enabled = snapshot.Ptr(false)
+			}
+		}
+	}
+
+	// CPU affinity: one bitmask of 64 CPUs per list, list N covering CPUs
+	// 64N..64N+63 (the printed ranges give only the first and last CPU).
+	if aff, ok := amdPath(m, "numa", "cpu_affinity").(map[string]any); ok {
+		g.CPUAffinity = amdCPUList(aff)
+	}
+	if n, ok := amdInt64(m["process_count"]); ok && n > 0 && n < 1<<20 {
+		g.Processes = int(n)
+	}
+
 	if v, ok := str("perf_level"); ok {
 		g.PerfLevel = strings.ToLower(strings.TrimPrefix(strings.ToUpper(v), "AMDSMI_DEV_PERF_LEVEL_"))
 	}

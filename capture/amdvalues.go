@@ -1,25 +1,32 @@
 package capture
 
 import (
-	"kiln.dev/kiln/kb"
-
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 
+	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 // Value helpers shared by the rocm-smi and amd-smi importers.
 
-// amdUnknown says whether a printed value means "not known".
+// amdUnknown says whether a printed value means "not known". A value in
+// angle brackets ("<redacted>") is a placeholder someone put in the
+// capture's place, not a reading.
 func amdUnknown(s string) bool {
-	switch strings.ToLower(strings.TrimSpace(s)) {
+	l := strings.ToLower(strings.TrimSpace(s))
+	switch l {
 	case "", "n/a", "[n/a]", "na", "not supported", "not_supported", "none", "unknown", "unsupported", "-":
 		return true
 	}
-	return false
+	return len(l) >= 2 && l[0] == '<' && l[len(l)-1] == '>'
 }
 
 // amdNum reads the number at the start of a printed value: "45.0°C",
@@ -171,4 +178,169 @@ func amdLinkKind(s string) string {
 		return snapshot.LinkPCIe
 	}
 	return ""
+}
+
+func amdECC(g *snapshot.GPU) *snapshot.ECC {
+	if g.ECC == nil {
+		g.ECC = &snapshot.ECC{}
+	}
+	return g.ECC
+}
+
+// amdCount reads a non-negative counter (a number, "12", or {"value": 12}).
+func amdCount(v any) (uint64, bool) {
+	f, _, ok := amdQty(v)
+	if !ok || f < 0 || f > 1<<62 || f != math.Trunc(f) {
+		return 0, false
+	}
+	return uint64(f), true
+}
+
+// amdMaxLevel is the highest frequency of a DPM level list ({"Level 0":
+// "132 MHz", "Level 1": "2100 MHz"}).
+func amdMaxLevel(v any) (float64, bool) {
+	levels, ok := v.(map[string]any)
+	if !ok {
+		return 0, false
+	}
+	best, found := 0.0, false
+	for _, l := range levels {
+		if f, _, ok := amdQty(l); ok && f > 0 && (!found || f > best) {
+			best, found = f, true
+		}
+	}
+	return best, found
+}
+
+// amdCPUList turns amd-smi's CPU affinity ({"cpu_list_0": {"bitmask":
+// "5555555555555555", "cpu_cores_affinity": "0-62"}, ...}) into a kernel CPU
+// list. Each list is a 64-bit mask of CPUs 64N..64N+63; where a mask cannot
+// be read, the printed ranges are taken as they are.
+func amdCPUList(aff map[string]any) string {
+	type part struct {
+		n    int
+		text string
+	}
+	var parts []part
+	for k, v := range aff {
+		num, ok := strings.CutPrefix(strings.ToLower(k), "cpu_list_")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil || n < 0 || n > 64 {
+			continue
+		}
+		obj, _ := v.(map[string]any)
+		var cpus []int
+		if mask, ok := amdStr(obj["bitmask"]); ok {
+			if bits, err := strconv.ParseUint(strings.TrimPrefix(strings.ToLower(mask), "0x"), 16, 64); err == nil {
+				for b := 0; b < 64; b++ {
+					if bits&(1<<b) != 0 {
+						cpus = append(cpus, 64*n+b)
+					}
+				}
+			}
+		}
+		text := amdRanges(cpus)
+		if text == "" {
+			text, _ = amdStr(obj["cpu_cores_affinity"])
+		}
+		if text != "" {
+			parts = append(parts, part{n, text})
+		}
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].n < parts[j].n })
+	var out []string
+	for _, p := range parts {
+		out = append(out, p.text)
+	}
+	return strings.Join(out, ",")
+}
+
+// amdRanges prints ascending CPU numbers in kernel list form ("0-3,8").
+func amdRanges(cpus []int) string {
+	var b strings.Builder
+	for i := 0; i < len(cpus); {
+		j := i
+		for j+1 < len(cpus) && cpus[j+1] == cpus[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(cpus[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(cpus[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// amdCloseJSON mends a JSON document whose end was cut off. When the cut
+// fell after a complete value (only the closing brackets are gone), the
+// brackets are added and every member is kept; otherwise unwrap.CloseJSON
+// drops the member the cut went through.
+func amdCloseJSON(data []byte) ([]byte, bool) {
+	t := bytes.TrimRight(data, " \t\r\n")
+	var stack []byte
+	inStr, esc := false, false
+	start := bytes.IndexAny(t, "{[")
+	if start < 0 {
+		return nil, false
+	}
+	for _, c := range t[start:] {
+		if inStr {
+			switch {
+			case esc:
+				esc = false
+			case c == '\\':
+				esc = true
+			case c == '"':
+				inStr = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inStr = true
+		case '{', '[':
+			stack = append(stack, c)
+		case '}', ']':
+			if len(stack) == 0 {
+				return unwrap.CloseJSON(data)
+			}
+			stack = stack[:len(stack)-1]
+		}
+	}
+	if !inStr && len(stack) > 0 && len(stack) < 1024 {
+		out := append([]byte(nil), t...)
+		for i := len(stack) - 1; i >= 0; i-- {
+			if stack[i] == '{' {
+				out = append(out, '}')
+			} else {
+				out = append(out, ']')
+			}
+		}
+		if amdValidStream(out[start:]) {
+			return out, true
+		}
+	}
+	return unwrap.CloseJSON(data)
+}
+
+// amdValidStream says whether data is a sequence of whole JSON values
+// (amd-smi prints one per command: `list --json` then `metric --json`).
+func amdValidStream(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	n := 0
+	for {
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return err == io.EOF && n > 0
+		}
+		n++
+	}
 }

@@ -45,7 +45,11 @@ func rocmIsJSON(data []byte) bool {
 	}
 	var top map[string]json.RawMessage
 	if json.Unmarshal(t, &top) != nil {
-		return false
+		// Detect sees the first 64 KiB: close what was cut off there.
+		fixed, ok := amdCloseJSON(t)
+		if !ok || json.Unmarshal(fixed, &top) != nil {
+			return false
+		}
 	}
 	for k, v := range top {
 		if rocmCardKey.MatchString(k) || k == "system" {
@@ -91,10 +95,19 @@ const rocmMaxIndex = 4096
 
 func parseRocmJSON(data []byte) (*snapshot.Snapshot, error) {
 	var top map[string]json.RawMessage
+	mended := false
 	if err := json.Unmarshal(bytes.TrimSpace(data), &top); err != nil {
-		return nil, fmt.Errorf("rocm-smi JSON: %w", err)
+		fixed, ok := amdCloseJSON(bytes.TrimSpace(data))
+		if !ok || json.Unmarshal(fixed, &top) != nil {
+			return nil, fmt.Errorf("rocm-smi JSON: %w", err)
+		}
+		mended = true
 	}
 	s := snapshot.New()
+	if mended {
+		s.Notes = append(s.Notes, snapshot.Note{Source: "rocm-smi",
+			Message: "the JSON was not whole (cut off, or followed by other output); its complete part was read"})
+	}
 	cards := map[int]map[string]string{}
 	for k, raw := range top {
 		m := rocmCardKey.FindStringSubmatch(k)
@@ -170,8 +183,10 @@ func (t *rocmTopo) set(what string, a, b int, v string) {
 			t.hops[k] = n
 		}
 	default:
-		if !amdUnknown(v) {
-			t.kind[k] = strings.TrimSpace(v)
+		// "XXXX": rocm-smi has no link type for the pair (partitions of
+		// one device in TPX); not a link, not a broken one.
+		if v = strings.TrimSpace(v); !amdUnknown(v) && !strings.EqualFold(v, "XXXX") {
+			t.kind[k] = v
 		}
 	}
 }
@@ -300,8 +315,13 @@ func rocmFill(g *snapshot.GPU, kv map[string]string, s *snapshot.Snapshot) {
 		return 0, false
 	}
 
-	if v, ok := get("card series", "device name", "market name", "marketing name"); ok {
-		g.Model = v
+	// A name that is a bare id ("Card series: 0x1002" in rocm-smi 4.3) is
+	// not a name.
+	for _, k := range []string{"card series", "device name", "market name", "marketing name"} {
+		if v, ok := get(k); ok && !rocmBareHex(v) {
+			g.Model = v
+			break
+		}
 	}
 	if v, ok := get("device id", "gpu id"); ok {
 		g.DeviceID = amdHexID(v)
@@ -330,12 +350,21 @@ func rocmFill(g *snapshot.GPU, kv map[string]string, s *snapshot.Snapshot) {
 		}
 	}
 	if v, ok := get("node id"); ok {
-		if n, ok := amdInt(v); ok && n >= 0 {
+		if n, ok := amdInt(v); ok && n >= 0 && n <= rocmMaxIndex {
 			g.KFDNodes = []int{n}
 		}
 	}
 	if v, ok := get("performance level"); ok {
 		g.PerfLevel = strings.ToLower(v)
+	}
+	// --showhw's RAS state of the memory controller block: HBM/GDDR ECC.
+	if v, ok := get("umc ras"); ok {
+		switch strings.ToUpper(v) {
+		case "ENABLED":
+			amdECC(g).Enabled = snapshot.Ptr(true)
+		case "DISABLED":
+			amdECC(g).Enabled = snapshot.Ptr(false)
+		}
 	}
 
 	if v, ok := num("temperature (sensor edge) (c)"); ok {
@@ -428,12 +457,15 @@ func rocmFill(g *snapshot.GPU, kv map[string]string, s *snapshot.Snapshot) {
 	// "Numa Node" is KFD's guess and defaults to 0, so it is used only
 	// when no affinity is printed.
 	if v, ok := low["(topology) numa affinity"]; ok {
-		// -1 is kept: the platform reports no affinity (snapshot.GPU.NUMANode).
-		if n, ok := amdInt(v); ok && n >= -1 {
+		// -1 is kept: the platform reports no affinity (snapshot.GPU.NUMANode);
+		// rocm-smi 4.x prints it as the unsigned 4294967295.
+		if n, ok := amdInt(v); ok && n == 1<<32-1 {
+			g.NUMANode = snapshot.Ptr(-1)
+		} else if ok && n >= -1 && n <= rocmMaxIndex {
 			g.NUMANode = snapshot.Ptr(n)
 		}
 	} else if v, ok := get("(topology) numa node"); ok {
-		if n, ok := amdInt(v); ok && n >= 0 {
+		if n, ok := amdInt(v); ok && n >= 0 && n <= rocmMaxIndex {
 			g.NUMANode = snapshot.Ptr(n)
 		}
 	}
@@ -458,4 +490,14 @@ func rocmAfterSpace(s string) string {
 		return strings.TrimSpace(rest)
 	}
 	return s
+}
+
+// rocmBareHex says whether s is only a hex number ("0x1002").
+func rocmBareHex(s string) bool {
+	h, ok := strings.CutPrefix(strings.ToLower(strings.TrimSpace(s)), "0x")
+	if !ok || h == "" {
+		return false
+	}
+	_, err := strconv.ParseUint(h, 16, 64)
+	return err == nil
 }

@@ -167,8 +167,11 @@ func TestRocmSMIConciseMI300X(t *testing.T) {
 		t.Fatalf("%d GPUs, want 8", len(s.GPUs))
 	}
 	for _, g := range s.GPUs {
-		if g.Model != "AMD Instinct MI300X" || g.DeviceID != "74a1" || g.Partition == nil ||
-			g.Partition.Compute != "SPX" || g.Partition.Memory != "NPS1" || f(g.Power.LimitW) != 750 || g.PerfLevel != "auto" {
+		// "[Model : Revision]" is the card's model (subsystem) id, not its
+		// device id: it happens to equal it on MI300X.
+		if g.Model != "AMD Instinct MI300X" || g.DeviceID != "" || g.Partition == nil ||
+			g.Partition.Compute != "SPX" || g.Partition.Memory != "NPS1" || g.Partition.Count != 1 ||
+			f(g.Power.LimitW) != 750 || g.PerfLevel != "auto" {
 			t.Errorf("GPU%d = %+v", g.Index, g)
 		}
 	}

@@ -17,8 +17,17 @@ import (
 //   - "GPU[0]  : Key: value" lines of any section (--showall and friends),
 //     with the same keys as the JSON output;
 //   - the "Weight/Hops/Link Type between two GPUs" matrices (--showtopo);
-//   - the "Concise Info" table (plain `rocm-smi`), old and new column sets;
-//   - "WARNING: ..." lines, kept as notes.
+//   - the "Concise Info" table (plain `rocm-smi`), every column set from
+//     ROCm 4 ("GPU Temp AvgPwr ...") to 6.1+ ("Device Node IDs ...
+//     Partitions (Mem, Compute, ID)"), with the error lines old releases
+//     print inside it;
+//   - the "Concise Hardware Info" table (--showhw);
+//   - "WARNING: ..." and "ERROR: ..." lines, kept as notes; failed reads
+//     on a device that read nothing, and a driver the tool could not reach,
+//     become tool-error events (rocmsmi_errors.go).
+//
+// Partitions listed as devices of their own (CPX, TPX) are folded into
+// one GPU per physical device.
 
 func rocmIsText(data []byte) bool {
 	head := data
@@ -42,6 +51,20 @@ type rocmTextParser struct {
 	concise map[int]*snapshot.GPU
 	order   []int
 	seen    map[int]bool
+	// partID is a logical device's partition id (the concise table's
+	// "Partitions (Mem, Compute, ID)", --showhw's "PARTITION ID").
+	partID map[int]int
+	// read says that the device's concise row holds a temperature, a power
+	// or a clock: the tool could read something from it.
+	read map[int]bool
+	// fails are read failures the tool printed for a device; failAny those
+	// it printed without naming one; driver those that say it could not
+	// reach the driver at all.
+	fails   map[int][]string
+	failAny []string
+	driver  []string
+	elided  bool
+	noted   map[string]bool // messages already kept as notes
 }
 
 func (p *rocmTextParser) gpu(i int) {
@@ -55,6 +78,7 @@ func parseRocmText(data []byte) (*snapshot.Snapshot, error) {
 	p := &rocmTextParser{
 		s: snapshot.New(), kv: map[int]map[string]string{}, topo: newRocmTopo(),
 		concise: map[int]*snapshot.GPU{}, seen: map[int]bool{},
+		partID: map[int]int{}, read: map[int]bool{}, fails: map[int][]string{},
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 64*1024), 4<<20)
@@ -93,8 +117,19 @@ func parseRocmText(data []byte) (*snapshot.Snapshot, error) {
 		}
 		p.s.GPUs = append(p.s.GPUs, g)
 	}
-	if len(p.s.GPUs) == 0 && p.s.Drivers.AMDGPU == "" && p.s.Drivers.ROCm == "" {
+	p.toolErrors()
+	if len(p.s.GPUs) == 0 && p.s.Drivers.AMDGPU == "" && p.s.Drivers.ROCm == "" && len(p.s.Events) == 0 {
 		return nil, errors.New("rocm-smi text: no GPU line, topology matrix or concise table found")
+	}
+	if p.elided {
+		p.s.Notes = append(p.s.Notes, snapshot.Note{Source: "rocm-smi",
+			Message: "the concise table is cut short (\"...\"): devices after the cut are not in the capture"})
+	}
+	if p.topo.empty() {
+		p.s.GPUs = rocmFoldPartitions(p.s.GPUs, p.partID)
+	} else if len(p.partID) > 0 {
+		p.s.Notes = append(p.s.Notes, snapshot.Note{Source: "rocm-smi",
+			Message: "partitions are listed as devices of their own: the topology matrix is over logical devices"})
 	}
 	rocmApplyTopo(p.s, p.topo)
 	return p.s, nil
@@ -109,13 +144,15 @@ func (p *rocmTextParser) section(title string, lines []string) {
 	case strings.Contains(lt, "concise info"):
 		p.conciseTable(lines)
 		return
+	case strings.Contains(lt, "concise hardware info"):
+		p.hwTable(lines)
+		return
 	}
 	for _, line := range lines {
 		trim := strings.TrimSpace(line)
 		switch {
 		case trim == "":
-		case strings.HasPrefix(trim, "WARNING:") || strings.HasPrefix(trim, "ERROR:"):
-			p.s.Notes = append(p.s.Notes, snapshot.Note{Source: "rocm-smi", Message: trim})
+		case p.message(trim):
 		case rocmGPULine.MatchString(trim):
 			m := rocmGPULine.FindStringSubmatch(trim)
 			i, err := strconv.Atoi(m[1])
@@ -166,6 +203,9 @@ func (p *rocmTextParser) matrix(title string, lines []string) {
 			continue
 		}
 		if cols == nil {
+			if p.message(strings.TrimSpace(line)) {
+				continue
+			}
 			for _, name := range f {
 				m := rocmMatName.FindStringSubmatch(name)
 				if m == nil {
@@ -183,6 +223,7 @@ func (p *rocmTextParser) matrix(title string, lines []string) {
 		}
 		m := rocmMatName.FindStringSubmatch(f[0])
 		if m == nil {
+			p.message(strings.TrimSpace(line))
 			continue
 		}
 		row, _ := strconv.Atoi(m[1])
@@ -202,11 +243,13 @@ func (p *rocmTextParser) matrix(title string, lines []string) {
 	}
 }
 
-// conciseTable reads the default table. The first header line names the
-// columns ("Device [Model : Revision] Temp Power Partitions SCLK MCLK Fan
-// Perf PwrCap VRAM% GPU%", or the older "GPU Temp (DieEdge) AvgPwr SCLK
-// ..."); a second header line may annotate them ("(Junction)"). Rows start
-// with the device number; an indented line after a row is its name.
+// conciseTable reads the default table. Its header names the columns
+// ("Device [Model : Revision] Temp Power Partitions SCLK MCLK Fan Perf
+// PwrCap VRAM% GPU%", "Device Node IDs Temp ...", or the older "GPU Temp
+// (DieEdge) AvgPwr SCLK ..."); a second header line may annotate them
+// ("(Junction)", "(Mem, Compute, ID)"). Rows start with the device number;
+// an indented line after a row is its name. Older releases print their
+// read errors inside the table, before or after the header.
 func (p *rocmTextParser) conciseTable(lines []string) {
 	var cols []string
 	header := ""
@@ -217,14 +260,32 @@ func (p *rocmTextParser) conciseTable(lines []string) {
 			continue
 		}
 		if cols == nil {
-			cols = rocmTokens(trim, true)
-			header = trim
+			if f := strings.Fields(trim); (f[0] == "GPU" || f[0] == "Device") && len(f) >= 4 &&
+				(strings.Contains(trim, "Temp") || strings.Contains(trim, "SCLK")) {
+				cols = rocmTokens(trim, true)
+				header = trim
+				continue
+			}
+			p.message(trim)
 			continue
 		}
-		if trim[0] < '0' || trim[0] > '9' {
-			if last != nil && strings.HasPrefix(line, " ") && last.Model == "" {
-				last.Model = trim
-			} else if last == nil {
+		if trim == "..." {
+			p.elided = true
+			last = nil
+			continue
+		}
+		if !rocmIsInt(strings.Fields(trim)[0]) {
+			switch {
+			case p.message(trim):
+			case last != nil && strings.HasPrefix(line, " ") && last.Model == "" && last.DeviceID == "" && !strings.HasPrefix(trim, "("):
+				// The name column: the marketing name, or the device id
+				// where rocm-smi knows no name ("0x744c").
+				if id := amdHexID(trim); id != "" && strings.HasPrefix(strings.ToLower(trim), "0x") {
+					last.DeviceID = id
+				} else {
+					last.Model = trim
+				}
+			case last == nil:
 				header += " " + trim
 			}
 			continue
@@ -237,12 +298,18 @@ func (p *rocmTextParser) conciseTable(lines []string) {
 			continue
 		}
 		i, err := strconv.Atoi(vals[0])
-		if err != nil || i > rocmMaxIndex {
+		if err != nil || i < 0 || i > rocmMaxIndex {
 			continue
 		}
 		g := &snapshot.GPU{Index: i, Vendor: snapshot.VendorAMD, MatrixName: "GPU" + strconv.Itoa(i)}
 		for c, name := range cols[1:] {
-			rocmConciseCell(g, strings.ToLower(name), vals[c+1], header)
+			read, pid := rocmConciseCell(g, strings.ToLower(name), vals[c+1], header)
+			if read {
+				p.read[i] = true
+			}
+			if pid >= 0 {
+				p.partID[i] = pid
+			}
 		}
 		p.concise[i] = g
 		p.gpu(i)
@@ -250,16 +317,31 @@ func (p *rocmTextParser) conciseTable(lines []string) {
 	}
 }
 
-func rocmConciseCell(g *snapshot.GPU, col, v, header string) {
+// rocmConciseCell sets the GPU field of one cell. read says the cell is a
+// temperature, power or clock reading; pid is the partition id the cell
+// gives, -1 for none.
+func rocmConciseCell(g *snapshot.GPU, col, v, header string) (read bool, pid int) {
+	pid = -1
 	if amdUnknown(v) {
-		return
+		return false, pid
 	}
 	n, isNum := amdNum(v)
 	switch {
 	case strings.HasPrefix(col, "[model"):
-		id, _, _ := strings.Cut(strings.Trim(v, "[]"), ":")
-		g.DeviceID = amdHexID(id)
+		// The card's model (PCI subsystem device) id, not its device id:
+		// an MI210 (device 0x740f) prints 0x0c34 here.
+	case col == "node":
+		if k, ok := amdInt(v); ok && k >= 0 && k <= rocmMaxIndex {
+			g.KFDNodes = []int{k}
+		}
+	case col == "ids":
+		// "(DID, GUID)": the PCI device id and KFD's GPU id.
+		did, _, _ := strings.Cut(v, ",")
+		if strings.HasPrefix(strings.ToLower(strings.TrimSpace(did)), "0x") {
+			g.DeviceID = amdHexID(did)
+		}
 	case col == "temp" && isNum:
+		read = true
 		if strings.Contains(header, "Junction") {
 			amdTemp(g).JunctionC = snapshot.Ptr(n)
 		} else if strings.Contains(header, "Edge") {
@@ -268,6 +350,7 @@ func rocmConciseCell(g *snapshot.GPU, col, v, header string) {
 			amdTemp(g).MemoryC = snapshot.Ptr(n)
 		}
 	case (col == "power" || col == "avgpwr") && isNum:
+		read = true
 		amdPower(g).DrawW = snapshot.Ptr(n)
 	case col == "pwrcap" && isNum:
 		amdPower(g).LimitW = snapshot.Ptr(n)
@@ -280,14 +363,20 @@ func rocmConciseCell(g *snapshot.GPU, col, v, header string) {
 				part.Memory = x
 			case strings.HasSuffix(x, "PX"):
 				part.Compute = x
+			default:
+				if k, ok := amdInt(x); ok && k >= 0 && k <= rocmMaxIndex {
+					pid = k
+				}
 			}
 		}
 		if part.Memory != "" || part.Compute != "" {
 			g.Partition = part
 		}
 	case col == "sclk" && isNum:
+		read = true
 		amdClocks(g).GraphicsMHz = snapshot.Ptr(n)
 	case col == "mclk" && isNum:
+		read = true
 		amdClocks(g).MemoryMHz = snapshot.Ptr(n)
 	case col == "fan" && isNum:
 		g.Fans = []snapshot.Fan{{Percent: snapshot.Ptr(n)}}
@@ -298,6 +387,7 @@ func rocmConciseCell(g *snapshot.GPU, col, v, header string) {
 	case col == "gpu%" && isNum:
 		g.UtilizationGPU = snapshot.Ptr(n)
 	}
+	return read, pid
 }
 
 // rocmTokens splits a concise-table line into cells: "[0x74a1 : 0x00]" is
@@ -328,4 +418,95 @@ func rocmTokens(line string, header bool) []string {
 		out = append(out, t)
 	}
 	return out
+}
+
+// rocmHWKeys maps --showhw columns to the "Key: value" names rocmFill reads.
+var rocmHWKeys = map[string]string{
+	"NODE": "Node ID", "DID": "Device ID", "GFX VER": "GFX Version", "VBIOS": "VBIOS version",
+	"BUS": "PCI Bus", "UMC RAS": "UMC RAS",
+}
+
+var rocmColGap = regexp.MustCompile(`\S+(?: \S+)*`)
+
+// hwTable reads `rocm-smi --showhw` ("Concise Hardware Info"): "GPU DID
+// GFX RAS SDMA RAS UMC RAS VBIOS BUS", and since 6.1 with NODE, GUID, GFX
+// VER and PARTITION ID. Header names hold single spaces, columns are
+// separated by two or more; values are cut at the header's column starts
+// when splitting at spaces does not give one per column.
+func (p *rocmTextParser) hwTable(lines []string) {
+	var cols []string
+	var starts []int
+	for _, line := range lines {
+		trim := strings.TrimSpace(line)
+		if trim == "" {
+			continue
+		}
+		if cols == nil {
+			if strings.HasPrefix(trim, "GPU ") && strings.Contains(trim, "BUS") {
+				for _, loc := range rocmColGap.FindAllStringIndex(line, -1) {
+					cols = append(cols, line[loc[0]:loc[1]])
+					starts = append(starts, loc[0])
+				}
+				continue
+			}
+			p.message(trim)
+			continue
+		}
+		if trim[0] < '0' || trim[0] > '9' {
+			p.message(trim)
+			continue
+		}
+		vals := strings.Fields(trim)
+		if len(vals) != len(cols) {
+			vals = rocmCut(line, starts)
+		}
+		if len(vals) != len(cols) {
+			p.s.Notes = append(p.s.Notes, snapshot.Note{Source: "rocm-smi",
+				Message: "hardware table row does not match its header: " + trim})
+			continue
+		}
+		i, err := strconv.Atoi(vals[0])
+		if err != nil || i < 0 || i > rocmMaxIndex {
+			continue
+		}
+		if p.kv[i] == nil {
+			p.kv[i] = map[string]string{}
+		}
+		for c, name := range cols[1:] {
+			v := vals[c+1]
+			if name == "PARTITION ID" {
+				if k, ok := amdInt(v); ok && k >= 0 && k <= rocmMaxIndex {
+					p.partID[i] = k
+				}
+				continue
+			}
+			if k := rocmHWKeys[name]; k != "" {
+				p.kv[i][k] = v
+			}
+		}
+		p.gpu(i)
+	}
+}
+
+// rocmCut cuts a row at the given column starts.
+func rocmCut(line string, starts []int) []string {
+	var out []string
+	for i, st := range starts {
+		if st >= len(line) {
+			out = append(out, "")
+			continue
+		}
+		end := len(line)
+		if i+1 < len(starts) && starts[i+1] < end {
+			end = starts[i+1]
+		}
+		out = append(out, strings.TrimSpace(line[st:end]))
+	}
+	return out
+}
+
+// rocmIsInt says whether s is a decimal number (a row's device index).
+func rocmIsInt(s string) bool {
+	_, err := strconv.Atoi(s)
+	return err == nil
 }
