@@ -214,6 +214,10 @@ func TestChecksFire(t *testing.T) {
 			s.Claims = append(s.Claims, snapshot.Claim{Source: "nvidia-smi-q-xml", What: "gpus", Count: 4, Detail: "attached_gpus"})
 		}},
 		{"no-p2p-path", Warning, "", func(s *snapshot.Snapshot) { twoSockets(s) }},
+		{"capture-incomplete", Warning, g0, func(s *snapshot.Snapshot) {
+			s.Events = append(s.Events, snapshot.Event{Kind: snapshot.EventToolError, Reason: snapshot.ToolPermissionDenied, Source: "amd-smi",
+				Message: "Permission needed to access required GPU device node(s): /dev/kfd: Permission denied"})
+		}},
 		{"pcie-upstream-bottleneck", Warning, g0, func(s *snapshot.Snapshot) {
 			// nvidia-smi's Host Max below Device Max: the slot caps the card.
 			s.GPUs[0].PCIe.HostMaxGen = 3

@@ -129,6 +129,17 @@ func checkModels(in *Input) []Finding {
 func checkCompleteness(in *Input) []Finding {
 	s := in.Snapshot
 	var out []Finding
+	if denied := toolErrors(s, snapshot.ToolPermissionDenied); len(denied) > 0 {
+		out = append(out, Finding{
+			ID:       "capture-incomplete",
+			Severity: Warning,
+			Title:    "the tool ran without access to the GPUs' device files: most of what it prints is unknown",
+			Devices:  addrs(gpus(s)),
+			Evidence: eventLines(denied, 3),
+			Impact:   "the GPUs were listed but not read: their health, clocks, memory and firmware were never audited (a permission error is not a GPU fault)",
+			Remedy:   "Capture again as root or as a member of the render and video groups (the groups that own /dev/kfd and /dev/dri/renderD*).",
+		})
+	}
 	for _, c := range s.Claims {
 		if c.What != "gpus" || c.Count <= len(s.GPUs) {
 			continue

@@ -175,7 +175,9 @@ func checkCooling(in *Input) []Finding {
 }
 
 // hotFinding compares temperatures with the driver's own thresholds where
-// given, else with fixed margins: GPU core 85 C, HBM 95 C, AMD junction 100 C.
+// given, else with fixed margins: GPU core 85 C, HBM 90 C (5 C under the
+// 95 C that HBM parts are run to, the margin kept under a threshold the
+// driver gives), AMD junction 100 C.
 func hotFinding(g *snapshot.GPU) (Finding, bool) {
 	t := g.Temperature
 	if t == nil {
@@ -195,7 +197,7 @@ func hotFinding(g *snapshot.GPU) (Finding, bool) {
 	}
 	probes := []probe{
 		{"GPU", t.GPUC, lim(t.SlowdownC, 5, 85), lim(t.ShutdownC, 5, 95)},
-		{"memory", t.MemoryC, lim(t.MemMaxC, 5, 95), lim(t.MemMaxC, 0, 105)},
+		{"memory", t.MemoryC, lim(t.MemMaxC, 5, 90), lim(t.MemMaxC, 0, 105)},
 		{"junction", t.JunctionC, lim(t.CriticalC, 10, 100), lim(t.CriticalC, 2, 110)},
 		{"edge", t.EdgeC, lim(t.CriticalC, 10, 90), lim(t.CriticalC, 2, 100)},
 	}

@@ -46,6 +46,7 @@ func checkTopology(in *Input) []Finding {
 		best := ""
 		allKnown := true
 		close := false
+		fromNUMA := true
 		counts := map[string]int{}
 		for a := 0; a < len(gi); a++ {
 			for b := a + 1; b < len(gi); b++ {
@@ -55,6 +56,7 @@ func checkTopology(in *Input) []Finding {
 					continue
 				}
 				counts[c.Class]++
+				fromNUMA = fromNUMA && c.FromNUMA
 				if classCloserThanHostBridge(c) {
 					close = true
 				}
@@ -63,7 +65,9 @@ func checkTopology(in *Input) []Finding {
 				}
 			}
 		}
-		if allKnown && !close && best != "" {
+		// Classes guessed from NUMA nodes alone (a capture that gives only
+		// them) say nothing of a bridge between the cards.
+		if allKnown && !close && best != "" && !fromNUMA {
 			var ev []string
 			for _, cl := range []string{"PHB", "NODE", "SYS"} {
 				if counts[cl] > 0 {

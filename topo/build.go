@@ -351,7 +351,9 @@ func (b *builder) numaCell(i, j int) (Cell, bool) {
 		hops = append(hops, hop{child: b.addrOrName(x), childLink: l})
 	}
 	route := fmt.Sprintf("across NUMA nodes %d and %d (the PCIe path itself is not known; only the two devices' own links are rated; the inter-socket link is not rated)", *na, *nb)
-	return b.rate(ClassSys, route, hops), true
+	c := b.rate(ClassSys, route, hops)
+	c.FromNUMA = true
+	return c, true
 }
 
 // addrOrName is a device's PCI address, or its matrix name when the address

@@ -84,6 +84,10 @@ type Cell struct {
 	NowGBpsUni float64 `json:"now_gbps_uni,omitempty"`
 	// Basis says how the number was derived.
 	Basis string `json:"basis,omitempty"`
+	// FromNUMA is set when the class was inferred from the two devices'
+	// NUMA nodes alone: no link, PCIe path or imported matrix described
+	// the pair (a bridge between the cards, if any, is not known).
+	FromNUMA bool `json:"from_numa,omitempty"`
 	// Bottleneck is the PCI address of the device whose upstream link is
 	// the slowest hop of a PCIe path.
 	Bottleneck string `json:"bottleneck,omitempty"`
