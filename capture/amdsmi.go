@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -155,15 +154,15 @@ func amdDecodeJSON(data []byte) (entries []map[string]any, rocm string, err erro
 }
 
 var (
-	amdTextGPU = regexp.MustCompile(`(?m)^GPU: \d+\s*$`)
-	amdTextKey = regexp.MustCompile(`(?m)^ {4}(BDF|UUID|ASIC|BUS|USAGE|POWER|PCIE|VRAM|MEM_USAGE|BOARD|PARTITION|NUMA|TEMPERATURE|IFWI|VBIOS|DRIVER|KFD_ID|NODE_ID):`)
+	amdTextGPU = lazy(`(?m)^GPU: \d+\s*$`)
+	amdTextKey = lazy(`(?m)^ {4}(BDF|UUID|ASIC|BUS|USAGE|POWER|PCIE|VRAM|MEM_USAGE|BOARD|PARTITION|NUMA|TEMPERATURE|IFWI|VBIOS|DRIVER|KFD_ID|NODE_ID):`)
 )
 
 func amdIsText(data []byte) bool {
 	if rocmIsText(data) {
 		return false
 	}
-	return amdTextGPU.Match(data) && amdTextKey.Match(data) || amdHasTable(data)
+	return amdTextGPU().Match(data) && amdTextKey().Match(data) || amdHasTable(data)
 }
 
 func parseAMDSMIJSON(data []byte) (*snapshot.Snapshot, error) {
@@ -186,7 +185,7 @@ func parseAMDSMIJSON(data []byte) (*snapshot.Snapshot, error) {
 	return s, nil
 }
 
-var amdROCmVersion = regexp.MustCompile(`ROCm version: ([0-9][0-9A-Za-z.\-]*)`)
+var amdROCmVersion = lazy(`ROCm version: ([0-9][0-9A-Za-z.\-]*)`)
 
 // parseAMDSMIText turns the indented text into the same trees as JSON.
 func parseAMDSMIText(data []byte) (*snapshot.Snapshot, error) {
@@ -203,7 +202,7 @@ func parseAMDSMIText(data []byte) (*snapshot.Snapshot, error) {
 	for sc.Scan() {
 		n++
 		line := strings.TrimRight(sc.Text(), " \t\r")
-		if m := amdROCmVersion.FindStringSubmatch(line); m != nil {
+		if m := amdROCmVersion().FindStringSubmatch(line); m != nil {
 			rocm = m[1]
 		}
 		trim := strings.TrimSpace(line)

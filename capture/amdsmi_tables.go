@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"regexp"
 	"strconv"
 	"strings"
 	"unicode"
@@ -50,8 +49,8 @@ var amdMonCols = map[string][]string{
 }
 
 var (
-	amdColName   = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
-	amdTopoTitle = regexp.MustCompile(`^([A-Z][A-Z0-9 _-]*?) TABLE:$`)
+	amdColName   = lazy(`^[A-Z][A-Z0-9_]*$`)
+	amdTopoTitle = lazy(`^([A-Z][A-Z0-9 _-]*?) TABLE:$`)
 )
 
 // amdMaxMonRows bounds the monitor rows one file gives, amdMaxTopoCols the
@@ -76,7 +75,7 @@ func amdMonHeader(f []string) []string {
 	}
 	known := 0
 	for _, c := range f[i+1:] {
-		if !amdColName.MatchString(c) {
+		if !amdColName().MatchString(c) {
 			return nil
 		}
 		if _, ok := amdMonCols[c]; ok {
@@ -163,8 +162,33 @@ type amdTables struct {
 
 // amdHasTable says whether data holds a monitor or topology table.
 func amdHasTable(data []byte) bool {
+	if !mayHoldAMDTable(data) {
+		return false
+	}
 	t := amdScanTables(data)
 	return len(t.monitor) > 0 || len(t.topo) > 0
+}
+
+// mayHoldAMDTable is a cheap test before the scan: a monitor table's header
+// starts a line with "GPU" and blanks (or "TIMESTAMP"), a topology table's
+// title ends in "TABLE:". Detection runs on every file kiln reads.
+func mayHoldAMDTable(data []byte) bool {
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		line = bytes.TrimLeft(line, " \t")
+		switch {
+		case bytes.HasPrefix(line, []byte("GPU  ")), bytes.HasPrefix(line, []byte("GPU\t")), bytes.HasPrefix(line, []byte("TIMESTAMP")):
+			return true
+		case bytes.HasSuffix(bytes.TrimRight(line, " \t\r"), []byte("TABLE:")):
+			return true
+		}
+	}
+	return false
 }
 
 func amdScanTables(data []byte) *amdTables {
@@ -200,7 +224,7 @@ func amdScanTables(data []byte) *amdTables {
 				state, cols = monitor, c
 			} else if line == "PROCESS INFO:" {
 				state = procTitle
-			} else if m := amdTopoTitle.FindStringSubmatch(line); m != nil {
+			} else if m := amdTopoTitle().FindStringSubmatch(line); m != nil {
 				state, cur = topoTitle, &amdTopoTable{title: m[1], rows: map[string][]string{}}
 			}
 		case monitor:

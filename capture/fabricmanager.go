@@ -3,7 +3,6 @@ package capture
 import (
 	"bytes"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -21,17 +20,17 @@ func init() {
 
 var (
 	// reFMLine is one log line: "[Feb 27 2025 15:10:02] [ERROR] [tid 12727] text".
-	reFMLine = regexp.MustCompile(`\[([A-Z][a-z]{2} [ \d]?\d \d{4} \d\d:\d\d:\d\d)\] \[([A-Z]+)\] \[tid \d+\] ?(.*)$`)
+	reFMLine = lazy(`\[([A-Z][a-z]{2} [ \d]?\d \d{4} \d\d:\d\d:\d\d)\] \[([A-Z]+)\] \[tid \d+\] ?(.*)$`)
 	// reFMSwitchErr: "detected NVSwitch non-fatal error 12028 on fid 0 on
 	// NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 61".
-	reFMSwitchErr = regexp.MustCompile(`detected NVSwitch (non-fatal|fatal) error (\d{1,9})`)
-	reFMBusID     = regexp.MustCompile(`pci bus id ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)`)
-	reFMVersion   = regexp.MustCompile(`Fabric Manager version (\d[\w.-]*)`)
+	reFMSwitchErr = lazy(`detected NVSwitch (non-fatal|fatal) error (\d{1,9})`)
+	reFMBusID     = lazy(`pci bus id ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)`)
+	reFMVersion   = lazy(`Fabric Manager version (\d[\w.-]*)`)
 	// reFMStarted are lines the fabric manager writes once it runs and has
 	// set up the fabric.
-	reFMStarted = regexp.MustCompile(`Fabric Manager version \S+ is running|Successfully configured all the available (?:GPUs and )?NVSwitches`)
+	reFMStarted = lazy(`Fabric Manager version \S+ is running|Successfully configured all the available (?:GPUs and )?NVSwitches`)
 	// reFMStopped are lines written when it gives up or exits.
-	reFMStopped = regexp.MustCompile(`(?i)aborting fabric manager|fabric manager (?:is )?(?:exiting|terminat|stopp)`)
+	reFMStopped = lazy(`(?i)aborting fabric manager|fabric manager (?:is )?(?:exiting|terminat|stopp)`)
 )
 
 // fmMaxNotes bounds the unrecognised error lines kept as notes.
@@ -42,7 +41,7 @@ func detectFabricManager(_ string, data []byte) bool {
 	eachLine(data[:min(len(data), 256<<10)], func(line string) bool {
 		i++
 		if line = strings.TrimSpace(line); line != "" {
-			if reFMLine.MatchString(line) {
+			if reFMLine().MatchString(line) {
 				fm++
 			} else {
 				other++
@@ -64,26 +63,26 @@ func parseFabricManager(_ string, data []byte) (*snapshot.Snapshot, error) {
 	var running *bool
 	notes, extra := 0, 0
 	eachLine(data, func(line string) bool {
-		m := reFMLine.FindStringSubmatch(line)
+		m := reFMLine().FindStringSubmatch(line)
 		if m == nil {
 			return true
 		}
 		when, level, text := m[1], m[2], strings.TrimSpace(m[3])
-		if v := reFMVersion.FindStringSubmatch(text); v != nil {
+		if v := reFMVersion().FindStringSubmatch(text); v != nil {
 			fm.Version = v[1]
 		}
 		switch {
-		case reFMStarted.MatchString(text):
+		case reFMStarted().MatchString(text):
 			running = snapshot.Ptr(true)
 			return true
-		case reFMStopped.MatchString(text):
+		case reFMStopped().MatchString(text):
 			running = snapshot.Ptr(false)
 		}
-		if e := reFMSwitchErr.FindStringSubmatch(text); e != nil {
+		if e := reFMSwitchErr().FindStringSubmatch(text); e != nil {
 			code, _ := strconv.Atoi(e[2])
 			ev := snapshot.Event{Source: "fabricmanager", Kind: snapshot.EventNVSwitch, Code: code, Message: text}
 			ev.Time, ev.RawTime = fmTime(when)
-			if b := reFMBusID.FindStringSubmatch(text); b != nil {
+			if b := reFMBusID().FindStringSubmatch(text); b != nil {
 				if a, err := snapshot.CanonicalPCI(b[1]); err == nil {
 					ev.Device = a
 				}

@@ -111,7 +111,7 @@ func readPath(ctx context.Context, p string) []Part {
 	// Compressed files and tarballs are unpacked as they stream: a KFD
 	// tree holds thousands of small files, and a whole copy of the
 	// unpacked tar beside the files read from it doubled the memory.
-	br := bufio.NewReaderSize(f, 64<<10)
+	br := bufio.NewReaderSize(f, 4<<10)
 	head, _ := br.Peek(512)
 	var r io.Reader = br
 	if isCompressed(head) {
@@ -131,7 +131,11 @@ func readPath(ctx context.Context, p string) []Part {
 		}
 		return readTree(ctx, fsys, p, "")
 	}
-	data, err := io.ReadAll(io.LimitReader(r, maxFile+1))
+	// A plain file is read into a buffer of its size, not one grown by
+	// doubling.
+	buf := bytes.NewBuffer(make([]byte, 0, min(st.Size(), maxFile)+bytes.MinRead))
+	_, err = buf.ReadFrom(io.LimitReader(r, maxFile+1))
+	data := buf.Bytes()
 	if err != nil {
 		return []Part{{Path: p, Err: fmt.Errorf("%s: %w", p, err)}}
 	}

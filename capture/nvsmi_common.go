@@ -7,7 +7,6 @@ package capture
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -217,7 +216,7 @@ var nvsmiReasonNames = map[string]string{
 	"sw thermal capping": "sw_thermal_slowdown",
 }
 
-var nvsmiNonWord = regexp.MustCompile(`[^a-z0-9]+`)
+var nvsmiNonWord = lazy(`[^a-z0-9]+`)
 
 // nvsmiReasonName normalises a reason label; labels kiln does not know yet
 // are kept in snake_case so that they are still reported.
@@ -226,7 +225,7 @@ func nvsmiReasonName(label string) string {
 	if n, ok := nvsmiReasonNames[l]; ok {
 		return n
 	}
-	return strings.Trim(nvsmiNonWord.ReplaceAllString(l, "_"), "_")
+	return strings.Trim(nvsmiNonWord().ReplaceAllString(l, "_"), "_")
 }
 
 // nvRaw is one GPU's fields as nvidia-smi prints them, gathered by the -q
@@ -558,7 +557,7 @@ func nvsmiFabric(raws []*nvRaw) *snapshot.FabricManager {
 	return fm
 }
 
-var nvsmiInfoROMWarning = regexp.MustCompile(`(?i)WARNING:\s*infoROM is corrupted at gpu\s+([0-9a-fA-F:.]+)`)
+var nvsmiInfoROMWarning = lazy(`(?i)WARNING:\s*infoROM is corrupted at gpu\s+([0-9a-fA-F:.]+)`)
 
 // nvsmiWarnings turns the WARNING lines nvidia-smi prints around its output
 // into notes, and marks the InfoROM of GPUs it reports as corrupted invalid.
@@ -569,7 +568,7 @@ func nvsmiWarnings(s *snapshot.Snapshot, source string, lines []string) {
 			continue
 		}
 		s.Notes = append(s.Notes, snapshot.Note{Source: source, Message: ln})
-		m := nvsmiInfoROMWarning.FindStringSubmatch(ln)
+		m := nvsmiInfoROMWarning().FindStringSubmatch(ln)
 		if m == nil {
 			continue
 		}

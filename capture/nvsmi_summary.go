@@ -11,8 +11,8 @@ package capture
 // GeForce ..."); such a name is not kept as a model.
 
 import (
+	"bytes"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -29,26 +29,31 @@ func init() {
 	})
 }
 
-var nvsmiSummaryHeader = regexp.MustCompile(`^\|\s*NVIDIA-SMI\s+(\S+)`)
+var nvsmiSummaryHeader = lazy(`^\|\s*NVIDIA-SMI\s+(\S+)`)
 
 // nvsmiSummaryGPURow is the first row of a GPU's box, "|   0  NVIDIA A40
 // On   | 00000000:1A:00.0 Off |   0 |": a table pasted without its header
 // is still one.
-var nvsmiSummaryGPURow = regexp.MustCompile(`^\|\s*\d{1,3}\s+.*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]`)
+var nvsmiSummaryGPURow = lazy(`^\|\s*\d{1,3}\s+.*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]`)
 
 func detectNvsmiSummary(_ string, data []byte) bool {
-	for _, ln := range strings.SplitN(string(data), "\n", 64) {
-		t := strings.TrimSpace(ln)
-		if nvsmiSummaryHeader.MatchString(t) || nvsmiSummaryGPURow.MatchString(t) {
-			return true
+	found := false
+	n := 0
+	forEachLine(data, func(ln []byte) bool {
+		t := bytes.TrimSpace(ln)
+		if len(t) > 0 && t[0] == '|' && (nvsmiSummaryHeader().Match(t) || nvsmiSummaryGPURow().Match(t)) {
+			found = true
+			return false
 		}
-	}
-	return false
+		n++
+		return n < 64
+	})
+	return found
 }
 
 var (
-	nvsmiSummaryDriver = regexp.MustCompile(`Driver Version:\s*(\S+)`)
-	nvsmiSummaryCUDA   = regexp.MustCompile(`CUDA Version:\s*(\S+)`)
+	nvsmiSummaryDriver = lazy(`Driver Version:\s*(\S+)`)
+	nvsmiSummaryCUDA   = lazy(`CUDA Version:\s*(\S+)`)
 )
 
 // cells splits a table row "| a | b | c |" into its trimmed cells.
@@ -76,13 +81,13 @@ func ParseNvidiaSMISummary(data []byte) (*snapshot.Snapshot, error) {
 	header := -1
 	for i, ln := range lines {
 		t := strings.TrimSpace(ln)
-		if m := nvsmiSummaryHeader.FindStringSubmatch(t); m != nil && header < 0 {
+		if m := nvsmiSummaryHeader().FindStringSubmatch(t); m != nil && header < 0 {
 			header = i
 			s.Sources = []snapshot.Source{{Kind: kindNvsmiSummary, Version: m[1]}}
-			if m := nvsmiSummaryDriver.FindStringSubmatch(t); m != nil && !nvsmiUnknown(m[1]) {
+			if m := nvsmiSummaryDriver().FindStringSubmatch(t); m != nil && !nvsmiUnknown(m[1]) {
 				s.Drivers.NVIDIAUser = m[1]
 			}
-			if m := nvsmiSummaryCUDA.FindStringSubmatch(t); m != nil && !nvsmiUnknown(m[1]) {
+			if m := nvsmiSummaryCUDA().FindStringSubmatch(t); m != nil && !nvsmiUnknown(m[1]) {
 				s.Drivers.CUDADriver = m[1]
 			}
 			// The date line printed just above the table's top rule.
@@ -104,7 +109,7 @@ func ParseNvidiaSMISummary(data []byte) (*snapshot.Snapshot, error) {
 	i := header + 1
 	if header < 0 {
 		i = 0
-		for i < len(lines) && !nvsmiSummaryGPURow.MatchString(strings.TrimSpace(lines[i])) {
+		for i < len(lines) && !nvsmiSummaryGPURow().MatchString(strings.TrimSpace(lines[i])) {
 			i++
 		}
 		if i == len(lines) {
@@ -204,7 +209,7 @@ func nvsmiSummaryGPU(lines []string, box []int, notes *nvsmiNotes) (snapshot.GPU
 	}
 	// Cell 1: "00000000:19:00.0 Off" (or "00000000:19:00.0Off" where the
 	// columns ran together).
-	bus := rePCIInCell.FindString(r0[1])
+	bus := rePCIInCell().FindString(r0[1])
 	if bus == "" {
 		return g, fmt.Errorf("%s: the GPU row has no Bus-Id in %q", at(0), r0[1])
 	}
@@ -242,7 +247,7 @@ func nvsmiSummaryGPU(lines []string, box []int, notes *nvsmiNotes) (snapshot.GPU
 	return g, nil
 }
 
-var rePCIInCell = regexp.MustCompile(`[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]`)
+var rePCIInCell = lazy(`[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]`)
 
 // nvsmiSummaryErrors: a GPU whose box is mostly ERR! is a GPU the driver
 // cannot talk to. A few ERR! (a fan's tachometer, a power sensor, the name

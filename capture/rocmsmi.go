@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,7 +31,7 @@ func init() {
 	})
 }
 
-var rocmCardKey = regexp.MustCompile(`^card(\d+)$`)
+var rocmCardKey = lazy(`^card(\d+)$`)
 
 // rocmGPUKeys are keys only rocm-smi's per-card objects carry.
 var rocmGPUKeys = []string{"PCI Bus", "Unique ID", "VBIOS version", "Device ID", "GPU ID",
@@ -52,7 +51,7 @@ func rocmIsJSON(data []byte) bool {
 		}
 	}
 	for k, v := range top {
-		if rocmCardKey.MatchString(k) || k == "system" {
+		if rocmCardKey().MatchString(k) || k == "system" {
 			var obj map[string]json.RawMessage
 			if json.Unmarshal(v, &obj) != nil {
 				continue
@@ -89,7 +88,7 @@ func newRocmTopo() *rocmTopo {
 
 func (t *rocmTopo) empty() bool { return len(t.devices) == 0 }
 
-var rocmPairKey = regexp.MustCompile(`^\(Topology\) (Weight|Hops|Link type) between DRM devices (\d+) and (\d+)$`)
+var rocmPairKey = lazy(`^\(Topology\) (Weight|Hops|Link type) between DRM devices (\d+) and (\d+)$`)
 
 const rocmMaxIndex = 4096
 
@@ -110,7 +109,7 @@ func parseRocmJSON(data []byte) (*snapshot.Snapshot, error) {
 	}
 	cards := map[int]map[string]string{}
 	for k, raw := range top {
-		m := rocmCardKey.FindStringSubmatch(k)
+		m := rocmCardKey().FindStringSubmatch(k)
 		if m == nil {
 			continue
 		}
@@ -134,7 +133,7 @@ func parseRocmJSON(data []byte) (*snapshot.Snapshot, error) {
 			s.Drivers.AMDGPU = strings.TrimSpace(v)
 		}
 		for k, v := range sys {
-			m := rocmPairKey.FindStringSubmatch(k)
+			m := rocmPairKey().FindStringSubmatch(k)
 			if m == nil {
 				continue
 			}
@@ -287,7 +286,7 @@ func rocmSortedKeys[V any](m map[int]V) []int {
 	return out
 }
 
-var rocmFWKey = regexp.MustCompile(`(?i)^(.+?) firmware version$`)
+var rocmFWKey = lazy(`(?i)^(.+?) firmware version$`)
 
 // rocmFill sets GPU fields from rocm-smi's "Key: value" pairs (the same keys
 // in JSON and text). Keys are matched without regard to case ("Card series"
@@ -472,7 +471,7 @@ func rocmFill(g *snapshot.GPU, kv map[string]string, s *snapshot.Snapshot) {
 
 	sort.Strings(keys)
 	for _, k := range keys {
-		m := rocmFWKey.FindStringSubmatch(strings.TrimSpace(k))
+		m := rocmFWKey().FindStringSubmatch(strings.TrimSpace(k))
 		if m == nil || amdUnknown(kv[k]) {
 			continue
 		}

@@ -1,7 +1,6 @@
 package capture
 
 import (
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,7 +27,7 @@ const (
 	rocmMsgDriver         // the tool could not reach the driver
 )
 
-var rocmMsgGPU = regexp.MustCompile(`GPU\[(\d+)\]`)
+var rocmMsgGPU = lazy(`GPU\[(\d+)\]`)
 
 // rocmReadFailures are the phrases of failed reads (rsmi status strings and
 // the CLI's own messages), lower case.
@@ -54,7 +53,7 @@ func rocmClassify(line string) (rocmMsg, int, string) {
 	msg := strings.Join(strings.Fields(line), " ")
 	low := strings.ToLower(msg)
 	gpu := -1
-	if m := rocmMsgGPU.FindStringSubmatch(msg); m != nil {
+	if m := rocmMsgGPU().FindStringSubmatch(msg); m != nil {
 		if n, err := strconv.Atoi(m[1]); err == nil && n <= rocmMaxIndex {
 			gpu = n
 		}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -39,9 +38,9 @@ func rocmIsText(data []byte) bool {
 }
 
 var (
-	rocmTitle   = regexp.MustCompile(`^=+\s*(.*?)\s*=+$`)
-	rocmGPULine = regexp.MustCompile(`^GPU\[(\d+)\]\s*:\s*(.*)$`)
-	rocmMatName = regexp.MustCompile(`^GPU(\d+)$`)
+	rocmTitle   = lazy(`^=+\s*(.*?)\s*=+$`)
+	rocmGPULine = lazy(`^GPU\[(\d+)\]\s*:\s*(.*)$`)
+	rocmMatName = lazy(`^GPU(\d+)$`)
 )
 
 type rocmTextParser struct {
@@ -91,7 +90,7 @@ func parseRocmText(data []byte) (*snapshot.Snapshot, error) {
 	for sc.Scan() {
 		line := strings.TrimRight(sc.Text(), " \t\r")
 		trim := strings.TrimSpace(line)
-		if m := rocmTitle.FindStringSubmatch(trim); m != nil && strings.HasPrefix(trim, "==") {
+		if m := rocmTitle().FindStringSubmatch(trim); m != nil && strings.HasPrefix(trim, "==") {
 			if m[1] == "" { // a plain rule: part of the current section
 				block = append(block, "")
 				continue
@@ -153,8 +152,8 @@ func (p *rocmTextParser) section(title string, lines []string) {
 		switch {
 		case trim == "":
 		case p.message(trim):
-		case rocmGPULine.MatchString(trim):
-			m := rocmGPULine.FindStringSubmatch(trim)
+		case rocmGPULine().MatchString(trim):
+			m := rocmGPULine().FindStringSubmatch(trim)
 			i, err := strconv.Atoi(m[1])
 			if err != nil || i > rocmMaxIndex {
 				continue
@@ -207,7 +206,7 @@ func (p *rocmTextParser) matrix(title string, lines []string) {
 				continue
 			}
 			for _, name := range f {
-				m := rocmMatName.FindStringSubmatch(name)
+				m := rocmMatName().FindStringSubmatch(name)
 				if m == nil {
 					cols = nil
 					break
@@ -221,7 +220,7 @@ func (p *rocmTextParser) matrix(title string, lines []string) {
 			}
 			continue
 		}
-		m := rocmMatName.FindStringSubmatch(f[0])
+		m := rocmMatName().FindStringSubmatch(f[0])
 		if m == nil {
 			p.message(strings.TrimSpace(line))
 			continue
@@ -426,7 +425,7 @@ var rocmHWKeys = map[string]string{
 	"BUS": "PCI Bus", "UMC RAS": "UMC RAS",
 }
 
-var rocmColGap = regexp.MustCompile(`\S+(?: \S+)*`)
+var rocmColGap = lazy(`\S+(?: \S+)*`)
 
 // hwTable reads `rocm-smi --showhw` ("Concise Hardware Info"): "GPU DID
 // GFX RAS SDMA RAS UMC RAS VBIOS BUS", and since 6.1 with NODE, GUID, GFX
@@ -443,7 +442,7 @@ func (p *rocmTextParser) hwTable(lines []string) {
 		}
 		if cols == nil {
 			if strings.HasPrefix(trim, "GPU ") && strings.Contains(trim, "BUS") {
-				for _, loc := range rocmColGap.FindAllStringIndex(line, -1) {
+				for _, loc := range rocmColGap().FindAllStringIndex(line, -1) {
 					cols = append(cols, line[loc[0]:loc[1]])
 					starts = append(starts, loc[0])
 				}

@@ -95,6 +95,7 @@ func (k *KB) validateCompat() error {
 
 // CUDAArchInfo returns the row of a compute capability ("9.0").
 func (k *KB) CUDAArchInfo(cc string) (CUDAArch, bool) {
+	k.compat()
 	for _, a := range k.CUDAArchs {
 		if CompareDriver(a.CC, cc) == 0 {
 			return a, true
@@ -127,6 +128,7 @@ func (k *KB) ToolkitTargets(cuda, cc string) (ok, known bool) {
 // ForwardCompatFor returns the forward-compatibility rule of a GPU class
 // (GPUModel.Class).
 func (k *KB) ForwardCompatFor(class string) (ForwardCompatRule, bool) {
+	k.compat()
 	for _, r := range k.ForwardCompat {
 		if r.Class == class {
 			return r, true
@@ -139,6 +141,7 @@ func (k *KB) ForwardCompatFor(class string) (ForwardCompatRule, bool) {
 // matches the "2.8" rows; cuda ("12.8") or rocm ("6.4") picks the build.
 // Give neither to get the release's first row.
 func (k *KB) FrameworkBuildFor(framework, version, cuda, rocm string) (FrameworkBuild, bool) {
+	k.compat()
 	for _, f := range k.Frameworks {
 		if f.Framework != framework || !versionHasPrefix(version, f.Version) {
 			continue
@@ -156,6 +159,7 @@ func (k *KB) FrameworkBuildFor(framework, version, cuda, rocm string) (Framework
 
 // ROCmFor returns the release line of a ROCm version ("6.2.4" -> the "6.2" row).
 func (k *KB) ROCmFor(version string) (ROCmRelease, bool) {
+	k.compat()
 	for _, r := range k.ROCm {
 		if versionHasPrefix(version, r.Version) {
 			return r, true
@@ -169,6 +173,7 @@ func (k *KB) ROCmFor(version string) (ROCmRelease, bool) {
 // written in the driver's own numbering from 30.10 on ("30.10.1") is its
 // own line. It returns "" when no source pairs them.
 func (k *KB) KMDRelease(module string) string {
+	k.compat()
 	module = strings.TrimSpace(module)
 	if module == "" {
 		return ""
@@ -189,6 +194,7 @@ func (k *KB) KMDRelease(module string) string {
 // KMDUserspace returns the ROCm user-space release lines AMD supports on a
 // kernel driver release line, and whether the table has that line.
 func (k *KB) KMDUserspace(kmd string) ([]string, bool) {
+	k.compat()
 	for _, r := range k.ROCmKMD {
 		if r.Module == "" && r.KMD == kmd {
 			return r.Userspace, true

@@ -124,3 +124,15 @@ func TestCompatTablesValidate(t *testing.T) {
 		t.Error("a row with both module and userspace, and a row without source, passed")
 	}
 }
+
+// TestCompatTablesLoad: the tables read on first use load and validate
+// (a broken file fails here, not in a user's kiln compat run).
+func TestCompatTablesLoad(t *testing.T) {
+	k := Default()
+	if err := k.compat(); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.CUDAArchs) == 0 || len(k.ForwardCompat) == 0 || len(k.Frameworks) == 0 || len(k.ROCm) == 0 || len(k.ROCmKMD) == 0 {
+		t.Errorf("empty table: %d %d %d %d %d", len(k.CUDAArchs), len(k.ForwardCompat), len(k.Frameworks), len(k.ROCm), len(k.ROCmKMD))
+	}
+}

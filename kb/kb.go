@@ -6,6 +6,7 @@ package kb
 
 import (
 	"embed"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -17,14 +18,23 @@ var dataFS embed.FS
 
 // KB holds every table. The zero value is empty; use Default.
 type KB struct {
+	// xids is the Xid catalogue, read on first use (XIDTable): at 177
+	// codes it is half of the data, and most commands never look an Xid
+	// up (loading it cost every kiln doctor run 4 ms and 1.8 MB).
+	xids lazyXIDs
+	// The compat tables below are read on first use (compat()).
+	compatOnce sync.Once
+	compatSrc  fileReader
+	compatErr  error
+
 	GPUs          []GPUModel     `json:"gpus"`
 	PCIe          []PCIeGen      `json:"pcie"`
 	Interconnects []Interconnect `json:"interconnects"`
 	CUDA          []CUDARelease  `json:"cuda"`
-	XIDs          []XID          `json:"xids"`
 	MIG           []MIGModel     `json:"mig"`
 	// CUDAArchs, ForwardCompat, Frameworks, ROCm and ROCmKMD are the
-	// tables kiln compat reads (kb/compat.go).
+	// tables kiln compat reads (kb/compat.go); read them through its
+	// lookups, which load them on first use.
 	CUDAArchs     []CUDAArch          `json:"cuda_archs"`
 	ForwardCompat []ForwardCompatRule `json:"forward_compat"`
 	Frameworks    []FrameworkBuild    `json:"frameworks"`
@@ -157,26 +167,94 @@ func Load(fsys fileReader) (*KB, error) {
 		{"data/pcie.yaml", &k.PCIe},
 		{"data/interconnects.yaml", &k.Interconnects},
 		{"data/cuda.yaml", &k.CUDA},
-		{"data/xid.yaml", &k.XIDs},
 		{"data/mig.yaml", &k.MIG},
-		{"data/cuda-arch.yaml", &k.CUDAArchs},
-		{"data/cuda-forward-compat.yaml", &k.ForwardCompat},
-		{"data/frameworks.yaml", &k.Frameworks},
-		{"data/rocm.yaml", &k.ROCm},
-		{"data/rocm-kmd.yaml", &k.ROCmKMD},
 	}
 	for _, f := range files {
-		b, err := fsys.ReadFile(f.name)
-		if err != nil {
-			return nil, fmt.Errorf("kb: %w", err)
-		}
-		var doc struct {
-			Rows any `json:"rows"`
-		}
-		doc.Rows = f.dst
-		if err := yaml.UnmarshalStrict(b, &doc); err != nil {
-			return nil, fmt.Errorf("kb: %s: %w", f.name, err)
+		if err := loadTable(fsys, f.name, f.dst); err != nil {
+			return nil, err
 		}
 	}
+	k.xids.src = fsys
+	k.compatSrc = fsys
 	return k, k.validate()
+}
+
+func loadTable(fsys fileReader, name string, dst any) error {
+	b, err := fsys.ReadFile(name)
+	if err != nil {
+		return fmt.Errorf("kb: %w", err)
+	}
+	var doc struct {
+		Rows any `json:"rows"`
+	}
+	doc.Rows = dst
+	if err := yaml.UnmarshalStrict(b, &doc); err != nil {
+		return fmt.Errorf("kb: %s: %w", name, err)
+	}
+	return nil
+}
+
+// compat reads the tables kiln compat uses (CUDA architectures, forward
+// compatibility, framework builds, ROCm releases) on first use: the other
+// commands never need them. A KB built in memory (tests) keeps its own.
+func (k *KB) compat() error {
+	k.compatOnce.Do(func() {
+		if k.compatSrc == nil {
+			return
+		}
+		for _, f := range []struct {
+			name string
+			dst  any
+		}{
+			{"data/cuda-arch.yaml", &k.CUDAArchs},
+			{"data/cuda-forward-compat.yaml", &k.ForwardCompat},
+			{"data/frameworks.yaml", &k.Frameworks},
+			{"data/rocm.yaml", &k.ROCm},
+			{"data/rocm-kmd.yaml", &k.ROCmKMD},
+		} {
+			if err := loadTable(k.compatSrc, f.name, f.dst); err != nil {
+				k.compatErr = err
+				return
+			}
+		}
+		k.compatErr = k.validateCompat()
+	})
+	return k.compatErr
+}
+
+type lazyXIDs struct {
+	once sync.Once
+	src  fileReader
+	rows []XID
+	err  error
+}
+
+// XIDTable returns the Xid catalogue (kb/data/xid.yaml), reading it on the
+// first call.
+func (k *KB) XIDTable() ([]XID, error) {
+	x := &k.xids
+	x.once.Do(func() {
+		if x.src == nil {
+			return
+		}
+		b, err := x.src.ReadFile("data/xid.yaml")
+		if err != nil {
+			x.err = fmt.Errorf("kb: %w", err)
+			return
+		}
+		var doc struct {
+			Rows []XID `json:"rows"`
+		}
+		if err := yaml.UnmarshalStrict(b, &doc); err != nil {
+			x.err = fmt.Errorf("kb: data/xid.yaml: %w", err)
+			return
+		}
+		for i, r := range doc.Rows {
+			if r.Code <= 0 || r.Severity == "" || r.Source == "" {
+				x.err = errors.Join(x.err, fmt.Errorf("kb: xid row %d: code, severity and source are required", i))
+			}
+		}
+		x.rows = doc.Rows
+	})
+	return x.rows, x.err
 }

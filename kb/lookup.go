@@ -28,14 +28,6 @@ func (k *KB) validate() error {
 			errs = append(errs, fmt.Errorf("kb: cuda row %d: version, min_driver_linux and source are required", i))
 		}
 	}
-	for i, x := range k.XIDs {
-		if x.Code <= 0 || x.Severity == "" || x.Source == "" {
-			errs = append(errs, fmt.Errorf("kb: xid row %d: code, severity and source are required", i))
-		}
-	}
-	if err := k.validateCompat(); err != nil {
-		errs = append(errs, err)
-	}
 	if err := k.validateMIG(); err != nil {
 		errs = append(errs, err)
 	}
@@ -148,7 +140,8 @@ func isAlnum(s string, i int) bool {
 
 // XIDInfo returns the catalog row of an Xid code.
 func (k *KB) XIDInfo(code int) (XID, bool) {
-	for _, x := range k.XIDs {
+	rows, _ := k.XIDTable()
+	for _, x := range rows {
 		if x.Code == code {
 			return x, true
 		}

@@ -8,7 +8,7 @@ import (
 func TestXIDCatalog(t *testing.T) {
 	k := Default()
 	seen := map[int]bool{}
-	for _, x := range k.XIDs {
+	for _, x := range xidRows(t, k) {
 		if seen[x.Code] {
 			t.Errorf("xid %d: listed twice", x.Code)
 		}
@@ -40,7 +40,7 @@ func TestXIDCatalog(t *testing.T) {
 func TestXIDCatalogComplete(t *testing.T) {
 	k := Default()
 	seen := map[int]bool{}
-	for _, x := range k.XIDs {
+	for _, x := range xidRows(t, k) {
 		seen[x.Code] = true
 	}
 	for c := 1; c <= 176; c++ {
@@ -52,7 +52,7 @@ func TestXIDCatalogComplete(t *testing.T) {
 		t.Error("xid 185: missing; the R620 operational-events release notes name it")
 	}
 	prev := 0
-	for _, x := range k.XIDs {
+	for _, x := range xidRows(t, k) {
 		if x.Code <= prev {
 			t.Errorf("xid %d: rows out of order (after %d)", x.Code, prev)
 		}
@@ -78,7 +78,7 @@ var (
 )
 
 func TestXIDRowsSourcedAndValid(t *testing.T) {
-	for _, x := range Default().XIDs {
+	for _, x := range xidRows(t, Default()) {
 		if !knownXIDActions[x.Action] {
 			t.Errorf("xid %d: action %q is not one of NVIDIA's buckets (or NOT_PUBLISHED)", x.Code, x.Action)
 		}
@@ -115,7 +115,7 @@ func TestXIDRowsSourcedAndValid(t *testing.T) {
 // Every row follows XIDSeverityFor or says why not; a reason on a row that
 // follows the rule is stale.
 func TestXIDSeverityRule(t *testing.T) {
-	for _, x := range Default().XIDs {
+	for _, x := range xidRows(t, Default()) {
 		rule := x.RuleSeverity()
 		switch {
 		case x.Severity != rule && strings.TrimSpace(x.SeverityReason) == "":
@@ -372,4 +372,16 @@ func TestXIDResetRequest(t *testing.T) {
 			t.Errorf("XIDResetRequest(%q) = %q, %v; want %q", tt.message, got, ok, tt.want)
 		}
 	}
+}
+
+func xidRows(t *testing.T, k *KB) []XID {
+	t.Helper()
+	rows, err := k.XIDTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) == 0 {
+		t.Fatal("the Xid catalogue is empty")
+	}
+	return rows
 }

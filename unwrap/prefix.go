@@ -29,6 +29,52 @@ var wrappers = sync.OnceValue(func() []*regexp.Regexp {
 	}
 })
 
+// sampleLines is how many lines decide whether a file has a wrapper.
+const sampleLines = 400
+
+// nthLine is the offset just past the n-th line, or 0 when data has fewer.
+func nthLine(data []byte, n int) int {
+	off := 0
+	for i := 0; i < n; i++ {
+		j := bytes.IndexByte(data[off:], '\n')
+		if j < 0 {
+			return 0
+		}
+		off += j + 1
+	}
+	return off
+}
+
+// mayHaveWrapper: every wrapper of a known shape starts with a digit (a
+// time), '[' (kubectl's pod, a bracketed time), a letter (a month, a
+// service name) and holds a clock or a '|' early in the line; most lines of
+// a file must.
+func mayHaveWrapper(sample []byte) bool {
+	n, hit := 0, 0
+	forLines(sample, func(line []byte) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			return
+		}
+		n++
+		head := line[:min(len(line), 48)]
+		if bytes.Contains(head, []byte("[pod/")) || bytes.Contains(head, []byte(" | ")) || hasClock(head) {
+			hit++
+		}
+	})
+	return n > 0 && float64(hit) >= minShare*float64(n)
+}
+
+func hasClock(b []byte) bool {
+	for i := 2; i+2 < len(b); i++ {
+		if b[i] == ':' && isDigit(b[i-1]) && isDigit(b[i-2]) && isDigit(b[i+1]) && isDigit(b[i+2]) {
+			return true
+		}
+	}
+	return false
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
 // minShare is the share of non-empty lines a wrapper must start for kiln to
 // take it as the file's wrapper.
 const minShare = 0.9
@@ -38,7 +84,13 @@ const minShare = 0.9
 // line. It removes a constant prefix ("node1: ", "> ", a shared indent) or
 // a wrapper of a known shape whose text varies (a timestamp).
 func StripPrefix(data []byte) (out []byte, what string, ok bool) {
-	if p := commonPrefix(data); len(p) > 0 {
+	// The decision is made on the first lines; only a file that has a
+	// wrapper is copied.
+	sample := data
+	if n := nthLine(data, sampleLines); n > 0 {
+		sample = data[:n]
+	}
+	if p := commonPrefix(sample); len(p) > 0 {
 		return cut(data, func(line []byte) int {
 			if bytes.HasPrefix(line, p) {
 				return len(p)
@@ -46,9 +98,12 @@ func StripPrefix(data []byte) (out []byte, what string, ok bool) {
 			return 0
 		}), "removed the prefix " + quote(p) + " from every line", true
 	}
+	if !mayHaveWrapper(sample) {
+		return data, "", false
+	}
 	for _, re := range wrappers() {
 		n, hit := 0, 0
-		forLines(data, func(line []byte) {
+		forLines(sample, func(line []byte) {
 			if len(bytes.TrimSpace(line)) == 0 {
 				return
 			}
