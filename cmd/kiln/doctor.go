@@ -258,7 +258,15 @@ func writeMachineText(w io.Writer, rep *doctor.Report, color bool) {
 				fmt.Fprintf(w, "\n%s\n", paint(g.color+ansiBold, g.label))
 				first = false
 			}
-			fmt.Fprintf(w, "  %s %s\n", paint(g.color, "["+f.ID+"]"), f.Title)
+			title := f.Title
+			if f.Secondary {
+				cause := f.CausedBy
+				if cause == "" {
+					cause = "another finding"
+				}
+				title += " (secondary: caused by " + cause + "; fix that first)"
+			}
+			fmt.Fprintf(w, "  %s %s\n", paint(g.color, "["+f.ID+"]"), title)
 			for _, e := range f.Evidence {
 				fmt.Fprintf(w, "      evidence: %s\n", e)
 			}
