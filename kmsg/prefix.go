@@ -496,7 +496,7 @@ func Sniff(data []byte) bool {
 			strong++
 		}
 		switch {
-		case r.kernel && (r.format != "" || anchorAt(" "+r.text) == 1):
+		case r.kernel && (r.format != "" || anchorAt(" "+r.text) == 1 || bootLine(r.text)):
 			kernel++
 		case r.source == "journal":
 			journal++
@@ -507,6 +507,25 @@ func Sniff(data []byte) bool {
 	// A text that quotes the kernel's GPU reports (a collector's output, a
 	// tool's log) is read for them too: it is tried last.
 	return (kernel+journal > 0 && kernel+journal >= other) || strong > 0
+}
+
+// bootPrefixes start messages every kernel prints at boot: dmesg -t (no
+// times at all) is still recognised by them.
+var bootPrefixes = []string{
+	"Linux version ", "Command line:", "Kernel command line:", "BIOS-e820:", "BIOS-provided physical RAM map",
+	"DMI:", "ACPI:", "ACPI BIOS", "PCI:", "PCI host bridge", "pci_bus ", "pci ", "pcieport ", "usb ", "usbcore:", "x86/", "tsc:",
+	"Memory:", "CPU:", "smpboot:", "clocksource:", "random:", "audit:", "EXT4-fs", "XFS (", "nvme ", "NET:", "Freeing unused",
+	"Booting paravirtualized", "e820:", "efi:", "SMBIOS ", "Hypervisor detected", "rcu:", "Zone ranges", "Built 1 zonelists",
+	"Mount-cache hash", "iommu:", "DMAR:", "AMD-Vi:", "microcode:", "Run /init", "systemd[1]:", "ahci ", "scsi ", "sd ", "ata",
+}
+
+func bootLine(t string) bool {
+	for _, p := range bootPrefixes {
+		if strings.HasPrefix(t, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // strongLine: a message only the kernel's GPU and PCIe reporting prints.

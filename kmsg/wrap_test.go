@@ -1,6 +1,8 @@
 package kmsg
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,5 +93,29 @@ func TestWrappedNotKernel(t *testing.T) {
 		if l := parseString(t, line+"\n"); len(l.Events) != 0 {
 			t.Errorf("%q: events %+v, want none", line, l.Events)
 		}
+	}
+}
+
+// TestSniffWithoutTimes: dmesg -t prints no time at all; a boot log is still
+// a kernel log by its messages.
+func TestSniffWithoutTimes(t *testing.T) {
+	b, err := os.ReadFile(captures + "h100-hgx-boot-dmesg-iso.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		r, ok := readHeaders(line)
+		if ok {
+			line = r.text
+		}
+		out = append(out, line)
+	}
+	plain := strings.Join(out, "\n")
+	if strings.Contains(plain, "kern  :") || strings.Contains(plain, "\n2025-01-17T") {
+		t.Fatal("times left in the stripped log")
+	}
+	if !Sniff([]byte(plain)) {
+		t.Error("a boot log without times is not taken for a kernel log")
 	}
 }
