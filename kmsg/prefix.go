@@ -517,6 +517,10 @@ var bootPrefixes = []string{
 	"Memory:", "CPU:", "smpboot:", "clocksource:", "random:", "audit:", "EXT4-fs", "XFS (", "nvme ", "NET:", "Freeing unused",
 	"Booting paravirtualized", "e820:", "efi:", "SMBIOS ", "Hypervisor detected", "rcu:", "Zone ranges", "Built 1 zonelists",
 	"Mount-cache hash", "iommu:", "DMAR:", "AMD-Vi:", "microcode:", "Run /init", "systemd[1]:", "ahci ", "scsi ", "sd ", "ata",
+	// and what a kernel prints when it crashes (pstore and ERST dumps).
+	"Kernel panic", "sysrq:", "BUG:", "Oops:", "Call Trace:", "<TASK>", "</TASK>", "RIP:", "RSP:", "RAX:", "RBX:", "RDX:", "RBP:",
+	"R10:", "R13:", "FS:", "CS:", "CR2:", "Modules linked in:", "Hardware name:", "Code:", "---[ end", "WARNING: CPU:", "Workqueue:",
+	"CPU: ", "Tainted:", "Panic#", "Oops#",
 }
 
 func bootLine(t string) bool {
