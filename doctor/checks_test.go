@@ -483,3 +483,23 @@ func TestAERRecurrence(t *testing.T) {
 		})
 	}
 }
+
+// TestSlotCapsTheCard: a Gen5 card under a Gen4 port trains Gen4 by design:
+// the port is reported (pcie-upstream-bottleneck), the card's link is not
+// downtrained.
+func TestSlotCapsTheCard(t *testing.T) {
+	s := healthy()
+	for i := range s.PCI {
+		if s.PCI[i].Address == "0000:17:00.0" {
+			s.PCI[i].Link = &snapshot.PCIeLink{CurrentGen: 4, MaxGen: 4, CurrentWidth: 16, MaxWidth: 16}
+		}
+	}
+	s.GPUs[0].PCIe.CurrentGen = 4
+	rep := run(t, s)
+	if has(rep, "pcie-link-downtrained", Warning, "0000:18:00.0") || has(rep, "pcie-link-downtrained", Info, "0000:18:00.0") {
+		t.Errorf("the card's link is reported downtrained: %v", ids(rep))
+	}
+	if !has(rep, "pcie-upstream-bottleneck", Warning, "0000:17:00.0") {
+		t.Errorf("the Gen4 port above the Gen5 card is not reported: %v", ids(rep))
+	}
+}

@@ -51,6 +51,14 @@ func gpuLinkFinding(in *Input, g *snapshot.GPU) (Finding, bool) {
 	}
 	act, why := gpuActivity(g)
 	best := slotMaxGen(l)
+	// The port right above the GPU caps what it can train to: a Gen4 card
+	// under a Gen3 port runs Gen3 by design (pcie-upstream-bottleneck
+	// reports the port).
+	if len(g.Upstream) > 0 {
+		if up := pciIndex(in.Snapshot)[g.Upstream[0]]; up != nil && up.Link != nil && up.Link.MaxGen > 0 && (best == 0 || up.Link.MaxGen < best) {
+			best = up.Link.MaxGen
+		}
+	}
 	widthLow := l.CurrentWidth > 0 && l.MaxWidth > 0 && l.CurrentWidth < l.MaxWidth
 	genLow := l.CurrentGen > 0 && best > 0 && l.CurrentGen < best
 	if !widthLow && !genLow {

@@ -48,13 +48,16 @@ func checkPCIeUpstream(in *Input) []Finding {
 		var worstLink *snapshot.PCIeLink
 		for _, a := range g.Upstream {
 			d := idx[a]
-			if d == nil || d.Link == nil || d.Kind == snapshot.KindSwitchDown {
-				// A downstream port's link is the GPU's own link.
+			if d == nil || d.Link == nil {
 				continue
 			}
 			l := d.Link
 			gen, width := l.MaxGen, l.MaxWidth
-			if l.CurrentGen > 0 && l.CurrentWidth > 0 && (l.CurrentGen < gen || l.CurrentWidth < width) {
+			if d.Kind == snapshot.KindSwitchDown && a == g.Upstream[0] {
+				// The port right above the GPU: its link is the GPU's own
+				// (judged by pcie-link-downtrained); its capability caps
+				// the card.
+			} else if l.CurrentGen > 0 && l.CurrentWidth > 0 && (l.CurrentGen < gen || l.CurrentWidth < width) {
 				// A trained-down hop counts only by width (generation drops
 				// when idle); its rating counts fully.
 				width = l.CurrentWidth
