@@ -82,6 +82,18 @@ const (
 )
 
 func readPath(ctx context.Context, p string) []Part {
+	if p == "-" {
+		// Standard input: a capture piped in (kubectl logs | kiln doctor
+		// --from -).
+		data, err := io.ReadAll(io.LimitReader(os.Stdin, maxFile+1))
+		if err != nil {
+			return []Part{{Path: "stdin", Err: fmt.Errorf("reading standard input: %w", err)}}
+		}
+		if len(data) > maxFile {
+			return []Part{{Path: "stdin", Err: fmt.Errorf("standard input: more than %d MB", maxFile>>20)}}
+		}
+		return readData(ctx, "stdin", data, "")
+	}
 	st, err := os.Stat(p)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {

@@ -38,6 +38,21 @@ A GPU that lowered its PCIe generation while idle is saving power, not failing:
 kiln reports a low generation only while the GPU is busy, and tells you when it
 cannot tell. Link width is judged always.
 
+Captures are read inside whatever wraps them (CRLF, UTF-16, colours, prompts,
+a collector's prefix on every line, a cut tail). A failed tool's output is a
+capture too: "Unable to determine the device handle", "No devices were found"
+or a table of ERR! is reported as gpu-unreachable. nvidia-bug-report.log(.gz),
+sosreport tarballs and folders of captures are read whole. Inputs that share
+no host name, GPU UUID or PCI address are of different machines: each is
+audited apart and every finding names its machine. An input that holds no
+GPU (a kernel log of a healthy boot) gets a report that says what was read.
+With -o json a report is always printed; inputs that could not be read are
+listed in its "errors" (exit 3).
+
+Xid severities follow NVIDIA's recommended action for the code, and the
+driver's own words when it asks for a reset; an Xid caused by another is
+marked secondary.
+
 Exit codes:
   0  healthy (or only informational findings)
   1  warnings
@@ -47,7 +62,10 @@ Exit codes:
   kiln doctor -o json
   kiln doctor --from nvidia-smi-q.txt --from lspci-vvv.txt --from dmesg.log
   kiln doctor --from ./kfd-topology/ --from rocm-smi.json
-  kiln doctor --from bundle/            # made by: kiln inventory --record bundle/`,
+  kiln doctor --from bundle/            # made by: kiln inventory --record bundle/
+  kiln doctor --from nvidia-bug-report.log.gz
+  kiln doctor --from sosreport-gpu01-2025-01-17.tar.xz
+  kubectl logs ds/gpu-audit --prefix | kiln doctor --from -`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()

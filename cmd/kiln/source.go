@@ -27,7 +27,7 @@ type sourceFlags struct {
 
 func (f *sourceFlags) add(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringArrayVar(&f.from, "from", nil, "read captures instead of the live machine: a file (nvidia-smi, lspci, rocm-smi, amd-smi, dmesg, fabric manager log, kiln snapshot JSON), a KFD topology folder or .tar.gz, or a bundle made by --record; repeat the flag or list more files after it, all of one machine")
+	fl.StringArrayVar(&f.from, "from", nil, "read captures instead of the live machine: a file (nvidia-smi in any form and its error output, lspci, rocm-smi, amd-smi, kernel logs and journals, fabric manager log, /proc/modules, kiln snapshot JSON), nvidia-bug-report.log[.gz], an sosreport tarball, a folder or tarball of captures, a KFD topology folder or .tar.gz, or a bundle made by --record; - reads standard input; repeat the flag or list more files after it")
 	fl.StringVar(&f.root, "root", "/", "live discovery: the directory that stands for / (a copied sysfs tree)")
 	fl.StringVar(&f.nvmlLib, "nvml-lib", "", "live discovery: path of libnvidia-ml.so.1 (default: the loader's search path)")
 	fl.StringVar(&f.kernelLog, "kernel-log", "", "live discovery: read kernel log lines from this file instead of /dev/kmsg")
@@ -98,6 +98,10 @@ func severalMachines(ms []capture.Machine) error {
 func loadParts(ctx context.Context, paths []string) []capture.Part {
 	var parts []capture.Part
 	for _, p := range paths {
+		if p == "-" {
+			parts = append(parts, capture.Read(ctx, p)...)
+			continue
+		}
 		st, err := os.Stat(p)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
