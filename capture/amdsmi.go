@@ -13,6 +13,7 @@ import (
 
 	"kiln.dev/kiln/kfd"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 // amd-smi output: `amd-smi static`, `amd-smi list` and `amd-smi metric`,
@@ -94,7 +95,7 @@ func amdDecodeMended(data []byte) ([]map[string]any, string, bool, error) {
 	if len(entries) == 0 && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return nil, "", false, err
 	}
-	fixed, ok := amdCloseJSON(data)
+	fixed, ok := unwrap.CloseJSON(data)
 	if !ok {
 		return nil, "", false, err
 	}

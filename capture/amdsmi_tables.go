@@ -173,22 +173,14 @@ func amdHasTable(data []byte) bool {
 // starts a line with "GPU" and blanks (or "TIMESTAMP"), a topology table's
 // title ends in "TABLE:". Detection runs on every file kiln reads.
 func mayHoldAMDTable(data []byte) bool {
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
+	found := false
+	forEachLine(data, func(line []byte) bool {
 		line = bytes.TrimLeft(line, " \t")
-		switch {
-		case bytes.HasPrefix(line, []byte("GPU  ")), bytes.HasPrefix(line, []byte("GPU\t")), bytes.HasPrefix(line, []byte("TIMESTAMP")):
-			return true
-		case bytes.HasSuffix(bytes.TrimRight(line, " \t\r"), []byte("TABLE:")):
-			return true
-		}
-	}
-	return false
+		found = bytes.HasPrefix(line, []byte("GPU  ")) || bytes.HasPrefix(line, []byte("GPU\t")) || bytes.HasPrefix(line, []byte("TIMESTAMP")) ||
+			bytes.HasSuffix(bytes.TrimRight(line, " \t"), []byte("TABLE:"))
+		return !found
+	})
+	return found
 }
 
 func amdScanTables(data []byte) *amdTables {

@@ -1,10 +1,7 @@
 package capture
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"sort"
 	"strconv"
@@ -12,7 +9,6 @@ import (
 
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
-	"kiln.dev/kiln/unwrap"
 )
 
 // Value helpers shared by the rocm-smi and amd-smi importers.
@@ -277,70 +273,4 @@ func amdRanges(cpus []int) string {
 		i = j + 1
 	}
 	return b.String()
-}
-
-// amdCloseJSON mends a JSON document whose end was cut off. When the cut
-// fell after a complete value (only the closing brackets are gone), the
-// brackets are added and every member is kept; otherwise unwrap.CloseJSON
-// drops the member the cut went through.
-func amdCloseJSON(data []byte) ([]byte, bool) {
-	t := bytes.TrimRight(data, " \t\r\n")
-	var stack []byte
-	inStr, esc := false, false
-	start := bytes.IndexAny(t, "{[")
-	if start < 0 {
-		return nil, false
-	}
-	for _, c := range t[start:] {
-		if inStr {
-			switch {
-			case esc:
-				esc = false
-			case c == '\\':
-				esc = true
-			case c == '"':
-				inStr = false
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inStr = true
-		case '{', '[':
-			stack = append(stack, c)
-		case '}', ']':
-			if len(stack) == 0 {
-				return unwrap.CloseJSON(data)
-			}
-			stack = stack[:len(stack)-1]
-		}
-	}
-	if !inStr && len(stack) > 0 && len(stack) < 1024 {
-		out := append([]byte(nil), t...)
-		for i := len(stack) - 1; i >= 0; i-- {
-			if stack[i] == '{' {
-				out = append(out, '}')
-			} else {
-				out = append(out, ']')
-			}
-		}
-		if amdValidStream(out[start:]) {
-			return out, true
-		}
-	}
-	return unwrap.CloseJSON(data)
-}
-
-// amdValidStream says whether data is a sequence of whole JSON values
-// (amd-smi prints one per command: `list --json` then `metric --json`).
-func amdValidStream(data []byte) bool {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	n := 0
-	for {
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return err == io.EOF && n > 0
-		}
-		n++
-	}
 }

@@ -1,7 +1,6 @@
 package capture
 
 import (
-	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -111,18 +110,7 @@ func parseFabricManager(_ string, data []byte) (*snapshot.Snapshot, error) {
 // eachLine calls fn with each line of data, cut to 64 KiB, until fn
 // returns false.
 func eachLine(data []byte, fn func(string) bool) {
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		line = bytes.TrimRight(line[:min(len(line), 64<<10)], "\r")
-		if !fn(string(line)) {
-			return
-		}
-	}
+	forEachLine(data, func(line []byte) bool { return fn(string(line[:min(len(line), 64<<10)])) })
 }
 
 // fmTime reads "Feb 27 2025 15:10:02". The log gives no zone; kiln keeps the

@@ -181,18 +181,12 @@ func csvBody(data []byte) []byte {
 }
 
 func firstLine(data []byte) string {
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		if t := strings.TrimSpace(string(line)); t != "" {
-			return t
-		}
-	}
-	return ""
+	first := ""
+	forEachLine(data, func(line []byte) bool {
+		first = strings.TrimSpace(string(line))
+		return first == ""
+	})
+	return first
 }
 
 func parseNvsmiCSV(_ string, data []byte) (*snapshot.Snapshot, error) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 // rocm-smi output: `rocm-smi --showall --json` (an object of "cardN"
@@ -45,7 +46,7 @@ func rocmIsJSON(data []byte) bool {
 	var top map[string]json.RawMessage
 	if json.Unmarshal(t, &top) != nil {
 		// Detect sees the first 64 KiB: close what was cut off there.
-		fixed, ok := amdCloseJSON(t)
+		fixed, ok := unwrap.CloseJSON(t)
 		if !ok || json.Unmarshal(fixed, &top) != nil {
 			return false
 		}
@@ -96,7 +97,7 @@ func parseRocmJSON(data []byte) (*snapshot.Snapshot, error) {
 	var top map[string]json.RawMessage
 	mended := false
 	if err := json.Unmarshal(bytes.TrimSpace(data), &top); err != nil {
-		fixed, ok := amdCloseJSON(bytes.TrimSpace(data))
+		fixed, ok := unwrap.CloseJSON(bytes.TrimSpace(data))
 		if !ok || json.Unmarshal(fixed, &top) != nil {
 			return nil, fmt.Errorf("rocm-smi JSON: %w", err)
 		}
