@@ -208,6 +208,24 @@ func TestBundlesAndFolders(t *testing.T) {
 		t.Errorf("folder of two machines: %d machines", len(ms))
 	}
 
+	// A folder with a KFD topology copy in it beside a kernel log: the
+	// copy is read as one capture.
+	amd := filepath.Join(dir, "mi210-node")
+	if err := os.CopyFS(filepath.Join(amd, "topology"), os.DirFS("../testdata/captures/kfd-topology/mi210-x8-xgmi-pcie")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(amd, "dmesg.txt"), []byte("[ 1.0] amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	parts = Read(context.Background(), amd)
+	kinds = map[string]bool{}
+	for _, p := range parts {
+		kinds[p.Kind] = true
+	}
+	if len(parts) != 2 || !kinds["kfd-topology"] || !kinds["dmesg"] {
+		t.Errorf("folder with a KFD copy: %d parts of kinds %v", len(parts), kinds)
+	}
+
 	// nvidia-bug-report.log.gz: gzip of the log, read as the log.
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)

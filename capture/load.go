@@ -226,7 +226,7 @@ func readData(ctx context.Context, name string, data []byte, bundle string) []Pa
 // note.
 func readTree(ctx context.Context, fsys fs.FS, name, bundle string) []Part {
 	for _, imp := range treeImporters {
-		if imp.Detect(fsys) {
+		if !mixedFolder(fsys) && imp.Detect(fsys) {
 			s, err := imp.Parse(fsys, name)
 			if err != nil {
 				return []Part{{Path: name, Bundle: bundle, Err: fmt.Errorf("%s: reading as %s: %w", name, imp.Kind, err)}}
@@ -240,6 +240,7 @@ func readTree(ctx context.Context, fsys fs.FS, name, bundle string) []Part {
 		bundle = name
 	}
 	var files []string
+	var trees []Part
 	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // unreadable entries are skipped
@@ -247,6 +248,18 @@ func readTree(ctx context.Context, fsys fs.FS, name, bundle string) []Part {
 		if d.IsDir() {
 			if p != "." && strings.HasPrefix(d.Name(), ".") {
 				return fs.SkipDir
+			}
+			// A directory capture inside the bundle (a KFD topology copy
+			// among other files) is read as one.
+			if p != "." && mayBeTree(fsys, p) {
+				if sub, err := fs.Sub(fsys, p); err == nil {
+					for _, imp := range treeImporters {
+						if imp.Detect(sub) {
+							trees = append(trees, readTree(ctx, sub, name+": "+p, bundle)...)
+							return fs.SkipDir
+						}
+					}
+				}
 			}
 			return nil
 		}
@@ -263,7 +276,7 @@ func readTree(ctx context.Context, fsys fs.FS, name, bundle string) []Part {
 		return []Part{{Path: name, Err: fmt.Errorf("%s: %w", name, err)}}
 	}
 	sort.Strings(files)
-	var out []Part
+	out := trees
 	skipped := 0
 	host := ""
 	for _, f := range files {
@@ -339,6 +352,36 @@ func firstWord(s string) string {
 		return ""
 	}
 	return f[0]
+}
+
+// mixedFolder: files of other kinds lie at the top beside a subfolder (a
+// "topology" copy next to a kernel log): the folder is a bundle, and the
+// subfolder one capture of it.
+func mixedFolder(fsys fs.FS) bool {
+	if st, err := fs.Stat(fsys, "nodes"); err == nil && st.IsDir() {
+		return false // the tree itself
+	}
+	ents, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() && e.Name() != "generation_id" && e.Name() != "system_properties" && !strings.HasPrefix(e.Name(), ".") {
+			return true
+		}
+	}
+	return false
+}
+
+// mayBeTree: a directory that could be a directory capture (a KFD topology
+// copy is a "topology" folder or has "nodes" in it); a cheap test before the
+// tree importers look.
+func mayBeTree(fsys fs.FS, dir string) bool {
+	if path.Base(dir) == "topology" {
+		return true
+	}
+	st, err := fs.Stat(fsys, path.Join(dir, "nodes"))
+	return err == nil && st.IsDir()
 }
 
 // isSOSReport: sos (sosreport) trees have sos_commands/ and a version file.
