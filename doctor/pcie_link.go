@@ -205,7 +205,9 @@ func otherLinkFindings(in *Input, gpuAddr map[string]bool) []Finding {
 			f.Title = fmt.Sprintf("%s (%s) runs Gen%d x%d of Gen%d x%d", name, d.Address, l.CurrentGen, l.CurrentWidth, l.MaxGen, l.MaxWidth)
 			f.Impact = "non-GPU device below its rated link; low priority unless it is a NIC or drive that feeds the GPUs"
 			f.Remedy = "Check the slot wiring and the card seating when this device's throughput matters."
-			if d.Kind == snapshot.KindNIC || d.Kind == snapshot.KindNVMe {
+			// A drive, or a NIC fast enough to feed GPUs (rated Gen3 x8 or
+			// more; not a 1 GbE management port), matters to the jobs.
+			if d.Kind == snapshot.KindNVMe || (d.Kind == snapshot.KindNIC && in.KB.PCIeGBpsUni(l.MaxGen, l.MaxWidth) >= 7.8) {
 				f.Severity = Warning
 				f.Impact = "a NIC or drive that feeds GPUs runs below its rated link: data loading or GPUDirect traffic slows down"
 			}
