@@ -246,6 +246,19 @@ func lspciHeaderAddr(line string) (addr, rest string, ok bool) {
 		return "", "", false
 	}
 	a := line[:sp]
+	if i := strings.LastIndexByte(a, '/'); i >= 0 {
+		// lspci -PP prints the path from the root port: "00:01.0/01:00.0"
+		// (with -D, "0000:00:01.0/01:00.0"); the function is the last
+		// element, in the first one's domain.
+		dom := ""
+		if first := a[:strings.IndexByte(a, '/')]; strings.Count(first, ":") == 2 {
+			dom = first[:strings.IndexByte(first, ':')+1]
+		}
+		a = dom + a[i+1:]
+		if !strings.Contains(a, ":") {
+			return "", "", false
+		}
+	}
 	n := len(a)
 	if a[n-2] != '.' || a[n-1] < '0' || a[n-1] > '7' || a[n-5] != ':' || !lspciIsHex(a[n-7:n-5]) || !lspciIsHex(a[n-4:n-2]) {
 		return "", "", false

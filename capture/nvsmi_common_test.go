@@ -159,10 +159,11 @@ func TestNvsmiDetectClaimsOnlyItsFormat(t *testing.T) {
 			return err
 		}
 		rel, _ := filepath.Rel(nvsmiCaptures, p)
-		folder, _, _ := strings.Cut(filepath.ToSlash(rel), "/")
-		if bundleFolders[folder] {
-			// Bundles hold every format; they are split before any
-			// format's detector sees them.
+		folder, _, nested := strings.Cut(filepath.ToSlash(rel), "/")
+		if !nested || bundleFolders[folder] {
+			// Files at the top describe the set (README, SOURCE-*.md,
+			// expected*.json); bundles hold every format and are split
+			// before any format's detector sees them.
 			return nil
 		}
 		data, err := os.ReadFile(p)

@@ -503,3 +503,30 @@ func TestSlotCapsTheCard(t *testing.T) {
 		t.Errorf("the Gen4 port above the Gen5 card is not reported: %v", ids(rep))
 	}
 }
+
+// TestCardWithItsOwnSwitch: an AMD card carries a switch on the package;
+// its GPU's x16 is the inside link, and the card's x8 link to an x8 root
+// port is no bottleneck. An x4 root port above it is one.
+func TestCardWithItsOwnSwitch(t *testing.T) {
+	build := func(rootWidth int) *snapshot.Snapshot {
+		s := snapshot.New()
+		link := func(gen, w int) *snapshot.PCIeLink {
+			return &snapshot.PCIeLink{CurrentGen: gen, MaxGen: gen, CurrentWidth: w, MaxWidth: w}
+		}
+		s.PCI = []snapshot.PCIDevice{
+			{Address: "0000:00:01.0", Kind: snapshot.KindRootPort, VendorID: "8086", Link: link(3, rootWidth)},
+			{Address: "0000:01:00.0", Kind: snapshot.KindSwitchUp, VendorID: "1002", Parent: "0000:00:01.0", Link: link(3, 8)},
+			{Address: "0000:02:00.0", Kind: snapshot.KindSwitchDown, VendorID: "1002", Parent: "0000:01:00.0", Link: link(3, 16)},
+			{Address: "0000:03:00.0", Kind: snapshot.KindGPU, VendorID: "1002", DeviceID: "7340", Parent: "0000:02:00.0", Link: link(3, 16)},
+		}
+		s.GPUs = []snapshot.GPU{{Vendor: snapshot.VendorAMD, PCIAddress: "0000:03:00.0", DeviceID: "7340", PCIe: link(3, 16),
+			Upstream: []string{"0000:02:00.0", "0000:01:00.0", "0000:00:01.0"}}}
+		return s
+	}
+	if rep := run(t, build(8)); has(rep, "pcie-upstream-bottleneck", Warning, "0000:03:00.0") {
+		t.Errorf("an x8 card in an x8 slot is reported: %v", ids(rep))
+	}
+	if rep := run(t, build(4)); !has(rep, "pcie-upstream-bottleneck", Warning, "0000:00:01.0") {
+		t.Errorf("an x8 card in an x4 slot is not reported: %v", ids(rep))
+	}
+}

@@ -78,6 +78,16 @@ func checkAER(in *Input) []Finding {
 		}
 		ce, ue := d.AER.Correctable, d.AER.Uncorrectable
 		onlyUR := len(ue) > 0 && allIn(ue, "UnsupReq")
+		if len(ce) > 0 && allIn(ce, "AdvNonFatalErr") {
+			// An uncorrectable error the device handled as advisory (an
+			// Unsupported Request to a configuration probe, mostly): no
+			// link error.
+			ce = nil
+			if len(ue) == 0 || onlyUR {
+				portUR = append(portUR, d.Address)
+				evPort = append(evPort, fmt.Sprintf("%s (%s) CESta: AdvNonFatalErr", d.Address, d.Kind))
+			}
+		}
 		switch {
 		case isGPU[d.Address] || d.Kind == snapshot.KindGPU:
 			if len(ce) > 0 {
@@ -128,7 +138,7 @@ func checkAER(in *Input) []Finding {
 		out = append(out, Finding{
 			ID:       "pcie-aer-errors",
 			Severity: Info,
-			Title:    fmt.Sprintf("%d PCIe %s Unsupported Request status set", len(portUR), plural(len(portUR), "port has", "ports have")),
+			Title:    fmt.Sprintf("%d PCIe %s Unsupported Request or advisory non-fatal status set", len(uniq(portUR)), plural(len(uniq(portUR)), "device has", "devices have")),
 			Devices:  uniq(portUR),
 			Evidence: evPort,
 			Impact:   "usually left by configuration-space probing at boot; harmless unless it grows",

@@ -39,21 +39,36 @@ func checkPCIeUpstream(in *Input) []Finding {
 			continue
 		}
 		gGen, gWidth := slotMaxGen(g.PCIe), g.PCIe.MaxWidth
+		// A card with a switch of its own (AMD's Navi and Instinct parts
+		// carry one on the package, Intel's Arc too): the GPU's x16 is
+		// the link inside the package, and the card's link to the host is
+		// its switch's upstream port.
+		path := g.Upstream
+		for len(path) > 0 {
+			d := idx[path[0]]
+			if d == nil || !onCardSwitch(d, g) {
+				break
+			}
+			if d.Kind == snapshot.KindSwitchUp && d.Link != nil && d.Link.MaxGen > 0 {
+				gGen, gWidth = d.Link.MaxGen, d.Link.MaxWidth
+			}
+			path = path[1:]
+		}
 		gRate := in.KB.PCIeGBpsUni(gGen, gWidth)
-		if gRate == 0 {
+		if gRate == 0 || len(path) == 0 {
 			continue
 		}
 		// Walk the path: each bridge's link is the link above it.
 		worst, worstRate := "", gRate
 		var worstLink *snapshot.PCIeLink
-		for _, a := range g.Upstream {
+		for _, a := range path {
 			d := idx[a]
 			if d == nil || d.Link == nil {
 				continue
 			}
 			l := d.Link
 			gen, width := l.MaxGen, l.MaxWidth
-			if d.Kind == snapshot.KindSwitchDown && a == g.Upstream[0] {
+			if d.Kind == snapshot.KindSwitchDown && a == path[0] {
 				// The port right above the GPU: its link is the GPU's own
 				// (judged by pcie-link-downtrained); its capability caps
 				// the card.
@@ -89,6 +104,16 @@ func checkPCIeUpstream(in *Input) []Finding {
 		})
 	}
 	return out
+}
+
+// onCardSwitch: a switch port of the GPU's own vendor right above it is the
+// card's own switch (GPU makers build no stand-alone PCIe switches).
+func onCardSwitch(d *snapshot.PCIDevice, g *snapshot.GPU) bool {
+	if d.Kind != snapshot.KindSwitchDown && d.Kind != snapshot.KindSwitchUp {
+		return false
+	}
+	want := map[string]string{snapshot.VendorAMD: "1002", snapshot.VendorIntel: "8086", snapshot.VendorNVIDIA: "10de"}[g.Vendor]
+	return want != "" && d.VendorID == want
 }
 
 // hostCapFindings: the driver reports the host side's maximum generation
