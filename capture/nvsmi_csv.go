@@ -118,7 +118,17 @@ func csvKnown(f string) bool {
 }
 
 func detectNvsmiCSV(_ string, data []byte) bool {
-	line := firstLine(csvBody(data))
+	// The header: the first line that is neither blank nor a failed
+	// device's message.
+	line := ""
+	forEachLine(data, func(l []byte) bool {
+		t := bytes.TrimSpace(l)
+		if len(t) == 0 || (mayHoldToolError(t) && len(scanToolErrors(t, "")) > 0) {
+			return true
+		}
+		line = string(t)
+		return false
+	})
 	cells := strings.Split(line, ",")
 	if len(cells) < 2 {
 		return false
@@ -178,15 +188,6 @@ func csvBody(data []byte) []byte {
 		return true
 	})
 	return out
-}
-
-func firstLine(data []byte) string {
-	first := ""
-	forEachLine(data, func(line []byte) bool {
-		first = strings.TrimSpace(string(line))
-		return first == ""
-	})
-	return first
 }
 
 func parseNvsmiCSV(_ string, data []byte) (*snapshot.Snapshot, error) {

@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 
@@ -18,16 +19,25 @@ func init() {
 func detectNvsmiList(_ string, data []byte) bool {
 	gpus, other := 0, 0
 	forEachLine(data[:min(len(data), detectHead)], func(line []byte) bool {
-		t := strings.TrimSpace(string(line))
+		b := bytes.TrimSpace(line)
+		if len(b) == 0 {
+			return true
+		}
+		// Every line is a GPU, a MIG device or a failed GPU's message;
+		// the first other line ends the look.
+		if !bytes.HasPrefix(b, []byte("GPU ")) && !bytes.HasPrefix(b, []byte("MIG ")) && !mayHoldToolError(b) {
+			other++
+			return false
+		}
+		t := string(b)
 		switch {
-		case t == "":
 		case isListGPU(t):
 			gpus++
-		case isListMIG(t) || len(scanToolErrors(line, "")) > 0:
+		case isListMIG(t) || len(scanToolErrors(b, "")) > 0:
 		default:
 			other++
 		}
-		return gpus+other < 400
+		return other == 0 && gpus < 400
 	})
 	return gpus > 0 && other == 0
 }

@@ -140,13 +140,23 @@ func scanToolErrors(data []byte, source string) []snapshot.Event {
 	return out
 }
 
-// mayHoldToolError is a cheap test before the line scan.
+// mayHoldToolError is a cheap test before the line scan, without copying:
+// the phrases are looked for without their first letter, which a message
+// may or may not capitalise.
 func mayHoldToolError(data []byte) bool {
-	low := bytes.ToLower(data[:min(len(data), 1<<20)])
-	return bytes.Contains(low, []byte("unable to determine")) || bytes.Contains(low, []byte("couldn't communicate")) ||
-		bytes.Contains(low, []byte("failed to initialize nvml")) || bytes.Contains(low, []byte("no devices were found")) ||
-		bytes.Contains(low, []byte("couldn't find libnvidia-ml")) || bytes.Contains(low, []byte("no nvidia gpu found")) ||
-		bytes.Contains(low, []byte("unable to query number"))
+	data = data[:min(len(data), 1<<20)]
+	for _, p := range toolMarkers {
+		if bytes.Contains(data, p) {
+			return true
+		}
+	}
+	return false
+}
+
+var toolMarkers = [][]byte{
+	[]byte("nable to determine"), []byte("ouldn't communicate"), []byte("ailed to initialize NVML"), []byte("ailed to initialize nvml"),
+	[]byte("o devices were found"), []byte("ouldn't find libnvidia-ml"), []byte("o NVIDIA GPU found"), []byte("o nvidia gpu found"),
+	[]byte("nable to query number"), []byte("NABLE TO DETERMINE"),
 }
 
 // leadingPCI reads the PCI address at the start of s ("0000:3b:00.0: GPU

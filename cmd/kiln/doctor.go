@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"runtime/debug"
 
 	"io"
 	"kiln.dev/kiln/capture"
@@ -79,11 +77,6 @@ Exit codes:
 			}
 			if len(args) > 0 && len(src.from) == 0 {
 				return &exitError{code: 3, err: fmt.Errorf("unexpected arguments %q: captures are given with --from", args)}
-			}
-			// A one-shot command: a smaller heap goal keeps its peak memory
-			// at what it reads, not at the runtime's 4 MB first goal.
-			if os.Getenv("GOGC") == "" {
-				debug.SetGCPercent(50)
 			}
 			var rep *doctor.Report
 			var err error
