@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,5 +280,15 @@ func TestMachinesApart(t *testing.T) {
 	a.Snapshot.Host.Hostname, b.Snapshot.Host.Hostname = "gpu-a", "gpu-b"
 	if ms := Machines([]Part{a, b}); len(ms) != 2 {
 		t.Errorf("same addresses, two host names: %d machines, want 2", len(ms))
+	}
+}
+
+// TestToolErrorsNonASCII: a message whose lower case is longer than itself
+// ("İ" lowers to three bytes) must not shift the text the scanner cuts.
+func TestToolErrorsNonASCII(t *testing.T) {
+	line := strings.Repeat("İ", 100) + " Unable to determine the device handle for GPU 0000:3b:00.0: GPU is lost\n"
+	evs := scanToolErrors([]byte(line), "x")
+	if len(evs) != 1 || evs[0].Device != "0000:3b:00.0" || !strings.HasPrefix(evs[0].Message, "Unable to determine") {
+		t.Errorf("events %+v", evs)
 	}
 }

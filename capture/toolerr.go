@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 // A GPU tool that fails says why, and that text is the best evidence of a
@@ -82,7 +83,7 @@ func scanToolErrors(data []byte, source string) []snapshot.Event {
 			prev = ""
 			return true
 		}
-		low := strings.ToLower(l)
+		low := unwrap.ASCIILower(l)
 		for _, p := range toolPhrases {
 			i := strings.Index(low, p.text)
 			if i < 0 {

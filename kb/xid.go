@@ -3,6 +3,8 @@ package kb
 import (
 	"strconv"
 	"strings"
+
+	"kiln.dev/kiln/unwrap"
 )
 
 // NVIDIA resolution buckets kiln's Xid rule and lookups name. The values are
@@ -177,7 +179,7 @@ func XIDRecoveryActionFor(text string) (XIDRecoveryAction, bool) {
 // recoveryActionTail returns the text after the last " to " of an Xid 154
 // "recovery action changed from A to B" message.
 func recoveryActionTail(s string) (string, bool) {
-	l := strings.ToLower(s)
+	l := unwrap.ASCIILower(s)
 	if !strings.Contains(l, "recovery action changed") {
 		return "", false
 	}

@@ -385,3 +385,12 @@ func xidRows(t *testing.T, k *KB) []XID {
 	}
 	return rows
 }
+
+// TestRecoveryActionNonASCII: text before the action whose lower case is
+// longer than itself does not shift what is read.
+func TestRecoveryActionNonASCII(t *testing.T) {
+	a, ok := XIDRecoveryActionFor(strings.Repeat("İ", 40) + " GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)")
+	if !ok || a.Severity != "critical" {
+		t.Errorf("got %+v, %v", a, ok)
+	}
+}

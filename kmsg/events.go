@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/unwrap"
 )
 
 var (
@@ -496,7 +497,7 @@ func (b *builder) ghes(rec *record, text string, out *[]snapshot.Event) bool {
 	if len(g.lines) < maxDetail {
 		g.lines = append(g.lines, text)
 	}
-	l := strings.ToLower(body)
+	l := unwrap.ASCIILower(body)
 	switch {
 	case strings.Contains(l, "event severity:"):
 		g.severity = strings.TrimSpace(body[strings.Index(l, "event severity:")+len("event severity:"):])

@@ -314,3 +314,23 @@ func Line(s string) string {
 	r := Clean([]byte(s))
 	return string(bytes.TrimRight(r.Data, "\n"))
 }
+
+// ASCIILower lowers A-Z and leaves every other byte as it is, so that an
+// index found in the result is an index into s. (strings.ToLower changes
+// the length of some runes, "İ" for one, and of invalid UTF-8.)
+func ASCIILower(s string) string {
+	i := 0
+	for i < len(s) && !(s[i] >= 'A' && s[i] <= 'Z') {
+		i++
+	}
+	if i == len(s) {
+		return s
+	}
+	b := []byte(s)
+	for ; i < len(b); i++ {
+		if c := b[i]; c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}

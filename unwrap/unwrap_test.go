@@ -182,3 +182,15 @@ func FuzzUnwrap(f *testing.F) {
 		}
 	})
 }
+
+func TestASCIILower(t *testing.T) {
+	for _, s := range []string{"Unable to Determine", "İstanbul GPU İS LOST", "\xff\xfeNVRM", ""} {
+		l := ASCIILower(s)
+		if len(l) != len(s) {
+			t.Errorf("ASCIILower(%q) = %q: length changed", s, l)
+		}
+	}
+	if ASCIILower("NVIDIA-SMI Has FAILED") != "nvidia-smi has failed" {
+		t.Error("ASCII letters not lowered")
+	}
+}
