@@ -90,7 +90,7 @@ Exit codes:
 			}
 			if format == "text" {
 				for _, e := range rep.Errors {
-					fmt.Fprintln(cmd.ErrOrStderr(), "kiln: "+e)
+					fmt.Fprintln(cmd.ErrOrStderr(), "kiln: "+printable(e))
 				}
 				if len(rep.Errors) == 0 || len(rep.Sources) > 0 {
 					writeDoctorText(out, rep, colorOK(out))
@@ -121,7 +121,7 @@ func doctorLive(cmd *cobra.Command, src *sourceFlags) (*doctor.Report, error) {
 		return nil, &exitError{code: doctor.ExitCannot, err: err}
 	}
 	if nothingToExamine(s) {
-		fmt.Fprintln(cmd.ErrOrStderr(), noGPUMessage(s))
+		fmt.Fprintln(cmd.ErrOrStderr(), printable(noGPUMessage(s)))
 		return nil, &exitError{code: doctor.ExitCannot}
 	}
 	rep, err := doctor.Run(cmd.Context(), s, kb.Default())
@@ -235,7 +235,7 @@ func writeDoctorText(w io.Writer, rep *doctor.Report, color bool) {
 		fmt.Fprintln(w)
 		writeMachineText(w, sub, color)
 		if m.Why != "" {
-			fmt.Fprintf(w, "note: audited apart: %s\n", m.Why)
+			fmt.Fprintf(w, "note: audited apart: %s\n", printable(m.Why))
 		}
 	}
 }
@@ -247,7 +247,7 @@ func writeMachineText(w io.Writer, rep *doctor.Report, color bool) {
 		}
 		return code + s + ansiReset
 	}
-	host := rep.Hostname
+	host := printable(rep.Hostname)
 	if host == "" {
 		host = "node"
 	}
@@ -255,7 +255,7 @@ func writeMachineText(w io.Writer, rep *doctor.Report, color bool) {
 		paint(ansiBold, host), rep.GPUs, pluralS(rep.GPUs, "GPU", "GPUs"), rep.Checks,
 		rep.Count(doctor.Critical), rep.Count(doctor.Warning), rep.Count(doctor.Info))
 	if len(rep.Sources) > 0 {
-		fmt.Fprintf(w, "%s\n", paint(ansiDim, "read: "+strings.Join(rep.Sources, "; ")))
+		fmt.Fprintf(w, "%s\n", paint(ansiDim, "read: "+printable(strings.Join(rep.Sources, "; "))))
 	}
 	groups := []struct {
 		sev   doctor.Severity
@@ -284,18 +284,18 @@ func writeMachineText(w io.Writer, rep *doctor.Report, color bool) {
 				}
 				title += " (secondary: caused by " + cause + "; fix that first)"
 			}
-			fmt.Fprintf(w, "  %s %s\n", paint(g.color, "["+f.ID+"]"), title)
+			fmt.Fprintf(w, "  %s %s\n", paint(g.color, "["+f.ID+"]"), printable(title))
 			for _, e := range f.Evidence {
-				fmt.Fprintf(w, "      evidence: %s\n", e)
+				fmt.Fprintf(w, "      evidence: %s\n", printable(e))
 			}
 			if f.Impact != "" {
-				fmt.Fprintf(w, "      impact:   %s\n", f.Impact)
+				fmt.Fprintf(w, "      impact:   %s\n", printable(f.Impact))
 			}
 			if f.Remedy != "" {
-				fmt.Fprintf(w, "      fix:      %s\n", f.Remedy)
+				fmt.Fprintf(w, "      fix:      %s\n", printable(f.Remedy))
 			}
 			if f.Reference != "" {
-				fmt.Fprintf(w, "      %s\n", paint(ansiDim, "ref: "+f.Reference))
+				fmt.Fprintf(w, "      %s\n", paint(ansiDim, "ref: "+printable(f.Reference)))
 			}
 		}
 	}
@@ -303,7 +303,7 @@ func writeMachineText(w io.Writer, rep *doctor.Report, color bool) {
 		fmt.Fprintf(w, "\n%s\n", paint(ansiBold, "No problems found."))
 	}
 	for _, n := range rep.Notes {
-		fmt.Fprintf(w, "%s\n", paint(ansiDim, "note: "+n))
+		fmt.Fprintf(w, "%s\n", paint(ansiDim, "note: "+printable(n)))
 	}
 }
 

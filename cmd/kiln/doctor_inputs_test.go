@@ -1,6 +1,9 @@
 package main
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -109,5 +112,55 @@ func TestDoctorTwoMachines(t *testing.T) {
 	_, stderr, code = kiln(t, "inventory", "--from", a, "--from", b)
 	if code == 0 || !strings.Contains(stderr, "look like 2 machines") {
 		t.Errorf("inventory of two machines: exit %d, %s", code, stderr)
+	}
+}
+
+// TestDoctorTextEscapesCaptureStrings: strings that come from a capture (a
+// host name file in an sosreport, tar member names) cannot drive the
+// reader's terminal: control characters are printed escaped.
+func TestDoctorTextEscapesCaptureStrings(t *testing.T) {
+	dir := t.TempDir()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	log, err := os.ReadFile(filepath.Join(capturesDir, "dmesg", "h100-xid119-gsp-rpc-timeout.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"sos/sos_commands/kernel/dmesg\x1b[2J": string(log),
+		"sos/hostname":                         "\x1b]0;pwned\x07gpu01\x1b[31m\n",
+	} {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(body))
+	}
+	tw.Close()
+	zw.Close()
+	p := filepath.Join(dir, "sosreport.tar.gz")
+	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, _ := kiln(t, "doctor", "--from", p)
+	if bytes.ContainsAny(out, "\x1b\x07") || strings.ContainsAny(stderr, "\x1b\x07") {
+		t.Errorf("control characters reach the terminal:\n%q\n%q", out, stderr)
+	}
+	if !bytes.Contains(out, []byte(`\x1b`)) {
+		t.Errorf("the escaped host name is not shown:\n%s", out)
+	}
+}
+
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"GPU 0 (0000:3b:00.0)":  "GPU 0 (0000:3b:00.0)",
+		"Température\t45 °C":    "Température\t45 °C",
+		"\x1b]0;x\x07host":      `\x1b]0;x\x07host`,
+		"a\u009bb":              `a\x9bb`,
+		"bad \xff byte, \uFFFD": `bad \xff byte, ` + "\uFFFD",
+	} {
+		if got := printable(in); got != want {
+			t.Errorf("printable(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
