@@ -3,9 +3,7 @@ package capture
 import (
 	"bytes"
 	"fmt"
-	"regexp"
 	"strings"
-	"sync"
 
 	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/unwrap"
@@ -95,13 +93,6 @@ var (
 	reBugUname      = lazy(`(?m)^uname: \S+ (\S+) `)
 	reProcNVVersion = lazy(`NVRM version: NVIDIA UNIX (Open )?\S* ?Kernel Module(?: for \S+)?\s+(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)`)
 )
-
-// lazy compiles expr on its first use: most kiln commands read no capture,
-// and compiling the package's expressions at start cost every one of them
-// (init allocations of the package: 197 KB before).
-func lazy(expr string) func() *regexp.Regexp {
-	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
-}
 
 // kernelLogSection says whether a section holds the kernel log or the
 // system journal (not an X server's journal).

@@ -209,9 +209,9 @@ func readData(ctx context.Context, name string, data []byte, bundle string) []Pa
 		}
 		return readTree(ctx, fsys, name, bundle)
 	}
-	if c := unwrap.Clean(data); hasBugReportHeader(c.Data) {
-		// Cleaned first: a report saved by PowerShell is UTF-16.
-		return readBugReport(name, c.Data)
+	if hasBugReportHeader(unwrap.Clean(data[:min(len(data), 8192)]).Data) {
+		// The head is cleaned first: a report saved by PowerShell is UTF-16.
+		return readBugReport(name, data)
 	}
 	s, err := ParseBytes(name, data)
 	if err != nil {
@@ -488,15 +488,6 @@ func decompress(data []byte) ([]byte, error) {
 // isTar: a POSIX tar header has "ustar" at offset 257.
 func isTar(b []byte) bool {
 	return len(b) >= 262 && bytes.Equal(b[257:262], []byte("ustar"))
-}
-
-// untarGz unpacks a gzip'd tar into memory (see untar).
-func untarGz(data []byte) (fs.FS, error) {
-	plain, err := decompress(data)
-	if err != nil {
-		return nil, err
-	}
-	return untar(plain)
 }
 
 // untar unpacks a tar into memory (see untarReader).

@@ -30,7 +30,7 @@ type toolPhrase struct {
 
 var toolPhrases = []toolPhrase{
 	{"unable to determine the device handle for gpu", "", true},
-	{"nvidia-smi has failed because it couldn't communicate with the nvidia driver", snapshot.ToolDriverUnreachable, false},
+	// Without "driver": the message wraps there on narrow terminals.
 	{"nvidia-smi has failed because it couldn't communicate with the nvidia", snapshot.ToolDriverUnreachable, false},
 	{"couldn't communicate with the nvidia driver", snapshot.ToolDriverUnreachable, false},
 	{"failed to initialize nvml: driver/library version mismatch", snapshot.ToolVersionMismatch, false},
@@ -98,9 +98,6 @@ func scanToolErrors(data []byte, source string) []snapshot.Event {
 				}
 				ev.Device = addr
 				ev.Reason = deviceReason(tail)
-			}
-			if p.reason == snapshot.ToolVersionMismatch {
-				ev.Message = l[i:]
 			}
 			key := ev.Reason + "|" + ev.Device
 			if !seen[key] && len(out) < maxToolErrors {

@@ -92,3 +92,12 @@ func BenchmarkLoadKFDTarball(b *testing.B) {
 		}
 	}
 }
+
+// untarGz unpacks a gzip'd tar, as Read does for a .tar.gz.
+func untarGz(data []byte) (fs.FS, error) {
+	plain, err := decompress(data)
+	if err != nil {
+		return nil, err
+	}
+	return untar(plain)
+}
