@@ -71,55 +71,56 @@ var specs = map[string]imagetest.Spec{
 }
 
 var (
-	scanOnce sync.Once
-	scanned  map[string]*compat.Requirements
-	scanErr  error
+	scanMu  sync.Mutex
+	scanned = map[string]*compat.Requirements{}
+	regErr  error
 )
 
 // reqs pushes every image to a docker-registry started for the test
 // package and reads them back through the registry.
 func reqs(t *testing.T) map[string]*compat.Requirements {
 	t.Helper()
-	scanOnce.Do(func() {
+	return pushAndScan(t, specs)
+}
+
+// pushAndScan builds, pushes and reads back the images of specs not read
+// yet, and returns what kiln read of every image read so far.
+func pushAndScan(t *testing.T, specs map[string]imagetest.Spec) map[string]*compat.Requirements {
+	t.Helper()
+	scanMu.Lock()
+	defer scanMu.Unlock()
+	if registry == nil && regErr == nil {
 		dir, err := os.MkdirTemp("", "kiln-compat-registry-")
+		if err == nil {
+			registry, err = imagetest.StartRegistry(dir)
+		}
+		regErr = err
+	}
+	if regErr != nil {
+		t.Fatalf("compat integration tests need a real registry: %v", regErr)
+	}
+	cache := image.NewCache("")
+	for name, spec := range specs {
+		if scanned[name] != nil {
+			continue
+		}
+		img, err := imagetest.Image(spec)
 		if err != nil {
-			scanErr = err
-			return
+			t.Fatal(err)
 		}
-		reg, err := imagetest.StartRegistry(dir)
+		ref, err := imagetest.Push(registry.Host, "kiln/"+name, "test", img)
 		if err != nil {
-			scanErr = err
-			return
+			t.Fatal(err)
 		}
-		registry = reg
-		scanned = map[string]*compat.Requirements{}
-		cache := image.NewCache("")
-		for name, spec := range specs {
-			img, err := imagetest.Image(spec)
-			if err != nil {
-				scanErr = err
-				return
-			}
-			ref, err := imagetest.Push(reg.Host, "kiln/"+name, "test", img)
-			if err != nil {
-				scanErr = err
-				return
-			}
-			opened, err := image.Open(context.Background(), ref, image.OpenOptions{Insecure: true})
-			if err != nil {
-				scanErr = err
-				return
-			}
-			res, err := image.Scan(context.Background(), opened, image.ScanOptions{Cache: cache})
-			if err != nil {
-				scanErr = err
-				return
-			}
-			scanned[name] = compat.FromScan(res)
+		opened, err := image.Open(context.Background(), ref, image.OpenOptions{Insecure: true})
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	if scanErr != nil {
-		t.Fatalf("compat integration tests need a real registry: %v", scanErr)
+		res, err := image.Scan(context.Background(), opened, image.ScanOptions{Cache: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		scanned[name] = compat.FromScan(res)
 	}
 	return scanned
 }
@@ -230,7 +231,7 @@ func TestVerdicts(t *testing.T) {
 			reasons: []string{"torch 2.1.0+cu118", "has sm_80 sm_86 and no PTX", "no kernel image is available for execution on the device"},
 			fix:     []string{"sm_90"}},
 		{name: "PyTorch sm_80/sm_86 with PTX on H100 runs via JIT", image: "torch-ampere-ptx", node: h100_550, want: compat.RunsViaJIT,
-			reasons: []string{"has sm_80 sm_86 and PTX compute_86", "only through JIT compilation of PTX, with a start-up delay"}},
+			reasons: []string{"has sm_80 sm_86 and PTX compute_86 (PTX ISA 7.8)", "only through JIT compilation of PTX", "a start-up delay", "JIT cache"}},
 		{name: "PyTorch Ampere build on A100 runs", image: "torch-ampere-noptx", node: a100mig_535, want: compat.Runs},
 		{name: "PyTorch sm_86 SASS runs on Ada 8.9", image: "torch-ampere-noptx", node: rtx4090_535, want: compat.Runs},
 		{name: "PyTorch Ampere build on GB200 fails", image: "torch-ampere-ptx", node: gb200, want: compat.Fails,
@@ -253,7 +254,7 @@ func TestVerdicts(t *testing.T) {
 		{name: "legacy CUDA_VERSION image is checked as cuda>=11.8", image: "cuda118-legacy", node: a10g_515, want: compat.Fails,
 			reasons: []string{"(CUDA_VERSION)", "refuses to start"}},
 		{name: "CUDA 11.7 libraries on H100 fail: no sm_90, no PTX", image: "cuda117", node: h100_550, want: compat.Fails,
-			reasons: []string{"has no sm_90 code"}},
+			reasons: []string{"has sm_70 sm_75 sm_80 sm_86 and no PTX: no sm_90 code and no PTX the driver can compile"}},
 		{name: "TensorFlow CUDA 12.3 on 535 runs under minor-version compatibility", image: "tf-cuda123", node: rtx4090_535, want: compat.Runs,
 			reasons: []string{"minor-version compatibility"}},
 		{name: "TensorFlow CUDA 12.3 on 460 fails", image: "tf-cuda123", node: a100_460, want: compat.Fails},
@@ -266,8 +267,8 @@ func TestVerdicts(t *testing.T) {
 		{name: "ROCm 6.3 on MI300X outside the driver's window fails", image: "rocm63", node: mi300x, amdgpu: "6.3.6", want: compat.Fails,
 			reasons: []string{"amdgpu driver 6.3.6 belongs to ROCm 6.0, which AMD supports with ROCm user space 5.6, 5.7, 6.0, 6.1, 6.2 only; the image has ROCm 6.3.0"},
 			fix:     []string{"upgrade the amdgpu driver to that of ROCm 6.1, 6.2, 6.3, 6.4, 30.10, or use an image with ROCm 5.6"}},
-		{name: "ROCm 6.3 on MI300X with an unknown driver version notes it", image: "rocm63", node: mi300x, want: compat.Runs,
-			reasons: []string{"amdgpu driver version is unknown"}},
+		{name: "ROCm 6.3 on MI300X with an unknown driver version is unknown, never runs", image: "rocm63", node: mi300x, want: compat.Unknown,
+			reasons: []string{"amdgpu driver version is unknown"}, fix: []string{"/sys/module/amdgpu/version"}},
 		{name: "ROCm 6.1 on MI100 runs", image: "rocm61", node: mi100, want: compat.Runs},
 		{name: "ROCm 6.1 on RX 6700 XT (gfx1031) fails", image: "rocm61", node: rx6700xt, want: compat.Fails,
 			reasons: []string{"ROCm 6.1.2 does not support gfx1031"}},
@@ -347,7 +348,7 @@ func TestRequirementsRead(t *testing.T) {
 			torchLib = &torch.Binaries[i]
 		}
 	}
-	if torchLib == nil || !slices.Equal(torchLib.SASS, []string{"sm_80", "sm_86"}) || !slices.Equal(torchLib.PTX, []string{"compute_86"}) {
+	if torchLib == nil || !slices.Equal(torchLib.SASS, []string{"sm_80", "sm_86"}) || len(torchLib.PTX) != 1 || torchLib.PTX[0] != (compat.PTXCode{Target: "compute_86", ISA: "7.8", CUDA: "11.8"}) {
 		t.Errorf("libtorch_cuda.so read as %+v", torchLib)
 	}
 	rocm := all["rocm61"]

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"kiln.dev/kiln/compat/fatbin"
 	"kiln.dev/kiln/compat/require"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
@@ -20,19 +19,31 @@ func checkNVIDIA(req *Requirements, s *snapshot.Snapshot, c gpuCtx, cc string, k
 		}
 		return
 	}
-	checkDriver(req, s, c, k, r)
+	jitDriver := checkDriver(req, s, c, k, r)
 	if cc == "" {
-		r.note(fmt.Sprintf("the compute capability of %s is unknown: the GPU architectures of the image were not checked", c.name))
+		what := fmt.Sprintf("kiln does not know the compute capability of %s", firstNonEmpty(c.g.Model, "this NVIDIA GPU (no model name in the node's data)"))
+		if c.g.DeviceID != "" {
+			what += " (PCI device " + c.g.Vendor + ":" + c.g.DeviceID + ")"
+		}
+		r.unknown(what+": whether the image's GPU code runs on it was not checked",
+			"give the node's data with the compute capability (nvidia-smi --query-gpu=name,compute_cap --format=csv, or kiln inventory on the node), or add the model to kiln's GPU catalogue (kb/data/gpus.yaml, with its source)")
 		return
 	}
-	checkArch(req, c, cc, k, r)
+	checkArch(req, c, cc, jitDriver, k, r)
 }
 
 // runtimeNeed is the newest CUDA the image's user space needs: the declared
 // version, or a framework built against a newer CUDA (a cu128 wheel on a
 // CUDA 12.1 base image needs 12.8).
-func runtimeNeed(req *Requirements) (string, string) {
+//
+// The binaries count too: PTX of ISA 9.1 was written by CUDA 13.1, and a
+// library built with that toolkit needs its runtime, whatever the image
+// declares.
+func runtimeNeed(req *Requirements, k *kb.KB) (string, string) {
 	need, from := req.CUDA, req.CUDAFrom
+	if c, f := builtWith(req, k); c != "" && (need == "" || kb.CompareDriver(c, need) > 0) {
+		need, from = c, f
+	}
 	for _, fw := range req.Frameworks {
 		if fw.CUDA == "" {
 			continue
@@ -44,13 +55,24 @@ func runtimeNeed(req *Requirements) (string, string) {
 	return need, from
 }
 
-func checkDriver(req *Requirements, s *snapshot.Snapshot, c gpuCtx, k *kb.KB, r *GPUReport) {
+// checkDriver checks the driver against the CUDA the image needs. It
+// returns the driver whose PTX JIT compiler the image's kernels would meet:
+// the node's, or the forward-compatibility package's when the image runs
+// through it.
+func checkDriver(req *Requirements, s *snapshot.Snapshot, c gpuCtx, k *kb.KB, r *GPUReport) (jitDriver string) {
 	drv := firstNonEmpty(s.Drivers.NVIDIAUser, s.Drivers.NVIDIAKernel)
-	need, from := runtimeNeed(req)
+	need, from := runtimeNeed(req, k)
 	if drv == "" {
-		r.note("the NVIDIA driver version is unknown: the CUDA requirement was not checked")
-		return
+		r.unknown("the NVIDIA driver version is unknown: the CUDA requirement and PTX compilation were not checked",
+			"give the node's data with the driver version (nvidia-smi -q, or kiln inventory on the node)")
+		return ""
 	}
+	jitDriver = drv
+	defer func() {
+		if r.Verdict == RunsForwardCompat && req.CompatDriver != "" {
+			jitDriver = req.CompatDriver
+		}
+	}()
 	if need == "" {
 		return
 	}
@@ -82,10 +104,15 @@ func checkDriver(req *Requirements, s *snapshot.Snapshot, c gpuCtx, k *kb.KB, r 
 	startedViaBrand := ""
 	if !req.RequireDisabled {
 		expr := req.RequireExpr
-		if expr == nil && req.RequireError == "" && req.CUDAFrom == "CUDA_VERSION" {
-			e, err := require.Parse("cuda>=" + req.CUDA)
+		startNeed, startFrom := "", "NVIDIA_REQUIRE_CUDA"
+		if expr != nil {
+			startNeed = expr.MinCUDA()
+		}
+		if expr == nil && req.RequireError == "" && req.Require == "" && req.EnvCUDA != "" {
+			e, err := require.Parse("cuda>=" + req.EnvCUDA)
 			if err == nil {
 				expr = &e
+				startNeed, startFrom = req.EnvCUDA, "CUDA_VERSION"
 			}
 		}
 		if req.RequireError != "" {
@@ -96,7 +123,7 @@ func checkDriver(req *Requirements, s *snapshot.Snapshot, c gpuCtx, k *kb.KB, r 
 			ok, idx := expr.Eval(facts)
 			if !ok {
 				reason := fmt.Sprintf("%s; the image needs %s (%s): the container runtime refuses to start it (\"unsatisfied condition: cuda>=%s\")",
-					supports, req.CUDA, req.CUDAFrom, req.CUDA)
+					supports, startNeed, startFrom, startNeed)
 				r.fail(reason, upgrade())
 				explainBrands(expr, drv, c, fcRule, r)
 				return
@@ -157,6 +184,7 @@ func checkDriver(req *Requirements, s *snapshot.Snapshot, c gpuCtx, k *kb.KB, r 
 		reason += "; this datacenter GPU could run it with the CUDA forward-compatibility package, which the image does not carry"
 	}
 	r.fail(reason, upgrade())
+	return
 }
 
 // familyOf is the CUDA major family of a version, or of the newest CUDA a
@@ -241,9 +269,9 @@ func coverage(sass, ptx []int, gpu int) string {
 	return "none"
 }
 
-func checkArch(req *Requirements, c gpuCtx, cc string, k *kb.KB, r *GPUReport) {
+func checkArch(req *Requirements, c gpuCtx, cc, drv string, k *kb.KB, r *GPUReport) {
 	gpu := ccNumber(cc)
-	need, _ := runtimeNeed(req)
+	need, _ := runtimeNeed(req, k)
 	// The toolkit's window: CUDA 13 cannot run on Volta at all.
 	if need != "" {
 		if ok, known := k.ToolkitTargets(need, cc); known && !ok {
@@ -253,7 +281,7 @@ func checkArch(req *Requirements, c gpuCtx, cc string, k *kb.KB, r *GPUReport) {
 					fmt.Sprintf("use a CUDA %d.x build of the image for this GPU", a.LastCUDAMajor))
 				return
 			}
-			if len(req.Binaries) == 0 {
+			if !hasNVIDIACode(req) {
 				r.set(RunsViaJIT, fmt.Sprintf("CUDA %s cannot compile for compute capability %s (first toolkit: %s): the image runs on %s only if its binaries carry PTX for JIT compilation",
 					need, cc, firstNonEmpty(a.FirstCUDA, "unknown"), c.name), fmt.Sprintf("use a build made with CUDA >= %s", firstNonEmpty(a.FirstCUDA, "a newer toolkit")))
 			}
@@ -262,40 +290,8 @@ func checkArch(req *Requirements, c gpuCtx, cc string, k *kb.KB, r *GPUReport) {
 	if gpu == 0 {
 		return
 	}
-	if len(req.Binaries) > 0 {
-		var none, jit []string
-		var noneDesc, jitDesc string
-		for _, b := range req.Binaries {
-			code := b.code
-			if code == nil {
-				continue
-			}
-			switch coverage(code.SASS, code.PTX, gpu) {
-			case "none":
-				none = append(none, b.Path)
-				if noneDesc == "" {
-					noneDesc = describeBinary(req, b)
-				}
-			case "jit":
-				jit = append(jit, b.Path)
-				if jitDesc == "" {
-					jitDesc = describeBinary(req, b)
-				}
-			}
-		}
-		sm := fatbin.ArchName(gpu, false)
-		if len(none) > 0 {
-			r.fail(fmt.Sprintf("%s has no %s code and no PTX the driver can compile for compute capability %s: its kernels fail on %s with \"no kernel image is available for execution on the device\"%s",
-				noneDesc, sm, cc, c.name, more(none)),
-				fmt.Sprintf("use a build that includes %s (or PTX for an architecture <= %s)", sm, cc))
-			return
-		}
-		if len(jit) > 0 {
-			r.set(RunsViaJIT, fmt.Sprintf("%s: it runs on %s (%s) only through JIT compilation of PTX, with a start-up delay%s", jitDesc, c.name, cc, more(jit)),
-				fmt.Sprintf("use a build that includes %s to avoid the JIT", sm))
-			return
-		}
-		r.note(fmt.Sprintf("the image's GPU code covers %s (%s): %s", c.name, sm, strings.Join(append(append([]string{}, req.SASS...), req.PTX...), " ")))
+	if hasNVIDIACode(req) {
+		checkBinaries(req, c, cc, drv, k, r)
 		return
 	}
 	// No binaries read: use the framework's published architecture list.
@@ -330,7 +326,7 @@ func checkArch(req *Requirements, c gpuCtx, cc string, k *kb.KB, r *GPUReport) {
 }
 
 // describeBinary names a binary and what it holds: "torch 2.1.0+cu118
-// (lib/libtorch_cuda.so) has sm_80 sm_86 and PTX compute_86".
+// (lib/libtorch_cuda.so) has sm_80 sm_86 and PTX compute_86 (PTX ISA 7.8)".
 func describeBinary(req *Requirements, b Binary) string {
 	who := b.Path
 	for _, fw := range req.Frameworks {
@@ -345,7 +341,15 @@ func describeBinary(req *Requirements, b Binary) string {
 	}
 	ptx := "no PTX"
 	if len(b.PTX) > 0 {
-		ptx = "PTX " + strings.Join(b.PTX, " ")
+		var ps []string
+		for _, p := range b.PTX {
+			s := p.Target
+			if p.ISA != "" {
+				s += " (PTX ISA " + p.ISA + ")"
+			}
+			ps = append(ps, s)
+		}
+		ptx = "PTX " + strings.Join(ps, " ")
 	}
 	return fmt.Sprintf("%s has %s and %s", who, has, ptx)
 }
@@ -367,4 +371,42 @@ func titleCase(s string) string {
 		return "this architecture"
 	}
 	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// builtWith is the newest toolkit the image's binaries were built with, as
+// their PTX ISA versions tell it, and which binary says so.
+func builtWith(req *Requirements, k *kb.KB) (string, string) {
+	best, from := "", ""
+	for _, b := range req.Binaries {
+		for _, p := range b.PTX {
+			row, ok := k.PTXISA(p.ISA)
+			if !ok || row.CUDA == "" {
+				continue
+			}
+			if best == "" || kb.CompareDriver(row.CUDA, best) > 0 {
+				best, from = majorMinor(row.CUDA), fmt.Sprintf("%s, built by CUDA %s (its PTX is ISA %s)", b.Path, row.CUDA, p.ISA)
+			}
+		}
+	}
+	return best, from
+}
+
+// resolve completes what reading the image could not know without the
+// knowledge base: the toolkit of each PTX ISA version, and whether the
+// binaries contradict the CUDA the image declares. It is idempotent.
+func (r *Requirements) resolve(k *kb.KB) {
+	if r == nil || r.resolved {
+		return
+	}
+	r.resolved = true
+	for i := range r.Binaries {
+		for j, p := range r.Binaries[i].PTX {
+			if row, ok := k.PTXISA(p.ISA); ok {
+				r.Binaries[i].PTX[j].CUDA = row.CUDA
+			}
+		}
+	}
+	if c, from := builtWith(r, k); c != "" && r.CUDA != "" && kb.CompareDriver(c, r.CUDA) > 0 {
+		r.Conflicts = append(r.Conflicts, fmt.Sprintf("the image declares CUDA %s (%s) but %s: kiln goes by the binaries", r.CUDA, r.CUDAFrom, from))
+	}
 }

@@ -9,11 +9,14 @@
 package compat
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 
 	"kiln.dev/kiln/compat/fatbin"
 	"kiln.dev/kiln/compat/image"
+	"kiln.dev/kiln/compat/offload"
+	"kiln.dev/kiln/compat/pkgdb"
 	"kiln.dev/kiln/compat/require"
 )
 
@@ -27,6 +30,9 @@ type Requirements struct {
 	// and CUDAFrom where kiln read it.
 	CUDA     string `json:"cuda,omitempty"`
 	CUDAFrom string `json:"cuda_from,omitempty"`
+	// EnvCUDA is CUDA_VERSION's major.minor: without NVIDIA_REQUIRE_CUDA
+	// the container runtime checks cuda>=EnvCUDA at start.
+	EnvCUDA string `json:"cuda_version_env,omitempty"`
 	// Require is NVIDIA_REQUIRE_CUDA as set in the image (what the
 	// container runtime checks at start); RequireExpr is its parsed form.
 	Require      string        `json:"nvidia_require_cuda,omitempty"`
@@ -50,9 +56,18 @@ type Requirements struct {
 	Frameworks []Framework `json:"frameworks,omitempty"`
 	// Binaries are the files with CUDA GPU code, with what each holds.
 	Binaries []Binary `json:"binaries,omitempty"`
-	// SASS and PTX are the union over Binaries ("sm_80", "compute_86").
+	// SASS, PTX and GFX are the union over Binaries ("sm_80",
+	// "compute_86 (PTX ISA 7.8)", "gfx90a:xnack-").
 	SASS []string `json:"sass,omitempty"`
 	PTX  []string `json:"ptx,omitempty"`
+	GFX  []string `json:"gfx,omitempty"`
+	// Packages are the GPU-stack packages of the image's package databases.
+	Packages []pkgdb.Package `json:"packages,omitempty"`
+	// Conflicts are disagreements between what the image declares (labels,
+	// environment) and what its files hold; the files decide.
+	Conflicts []string `json:"conflicts,omitempty"`
+
+	resolved bool
 }
 
 // Library is a versioned GPU-stack library found in the image.
@@ -73,21 +88,46 @@ type Framework struct {
 	Path  string `json:"path"`
 }
 
-// Binary is one file with CUDA fat binaries.
+// Binary is one file with GPU code: CUDA fat binaries, AMD code objects,
+// or both.
 type Binary struct {
-	Path string   `json:"path"`
+	Path string `json:"path"`
+	// SASS are the CUDA machine-code targets ("sm_80", "sm_90a").
 	SASS []string `json:"sass,omitempty"`
-	PTX  []string `json:"ptx,omitempty"`
-	code *fatbin.Result
+	// PTX are the PTX targets with the PTX ISA version of each.
+	PTX []PTXCode `json:"ptx,omitempty"`
+	// GFX are the AMD targets ("gfx90a:xnack-", "gfx11-generic").
+	GFX []string `json:"gfx,omitempty"`
+	// Runtime is true for kernel files a ROCm library loads at run time,
+	// known by their names (Tensile, MIOpen), not read as code objects.
+	Runtime bool `json:"runtime,omitempty"`
+	code    *fatbin.Result
+	amd     *offload.Result
 }
 
-// GPUCode is what a binary holds, as architecture numbers (80 = sm_80).
+// PTXCode is one PTX target of a binary.
+type PTXCode struct {
+	Target string `json:"target"`
+	ISA    string `json:"isa,omitempty"`
+	// CUDA is the toolkit that introduced the ISA (the least that emits it).
+	CUDA string `json:"cuda,omitempty"`
+}
+
+// GPUCode is what a binary holds for NVIDIA GPUs.
 func (b Binary) GPUCode() *fatbin.Result { return b.code }
+
+// AMDCode is what a binary holds for AMD GPUs.
+func (b Binary) AMDCode() *offload.Result { return b.amd }
 
 // HasCUDA reports whether the image carries a CUDA stack.
 func (r *Requirements) HasCUDA() bool {
-	if r.CUDA != "" || len(r.Binaries) > 0 {
+	if r.CUDA != "" {
 		return true
+	}
+	for _, b := range r.Binaries {
+		if !b.code.Empty() {
+			return true
+		}
 	}
 	for _, f := range r.Frameworks {
 		if f.CUDA != "" {
@@ -101,6 +141,11 @@ func (r *Requirements) HasCUDA() bool {
 func (r *Requirements) HasROCm() bool {
 	if r.ROCm != "" {
 		return true
+	}
+	for _, b := range r.Binaries {
+		if !b.amd.Empty() {
+			return true
+		}
 	}
 	for _, f := range r.Frameworks {
 		if f.HIP != "" {
@@ -133,10 +178,9 @@ func FromScan(s *image.Result) *Requirements {
 	if v := strings.ToLower(strings.TrimSpace(env["NVIDIA_DISABLE_REQUIRE"])); v == "1" || v == "true" || v == "yes" {
 		r.RequireDisabled = true
 	}
-	if r.CUDA == "" {
-		if v := majorMinor(env["CUDA_VERSION"]); v != "" {
-			r.CUDA, r.CUDAFrom = v, "CUDA_VERSION"
-		}
+	r.EnvCUDA = majorMinor(env["CUDA_VERSION"])
+	if r.CUDA == "" && r.EnvCUDA != "" {
+		r.CUDA, r.CUDAFrom = r.EnvCUDA, "CUDA_VERSION"
 	}
 	r.CompatPackage = env["NV_CUDA_COMPAT_PACKAGE"]
 	r.CuDNN = firstNonEmpty(env["CUDNN_VERSION"], env["NV_CUDNN_VERSION"])
@@ -155,9 +199,16 @@ func FromScan(s *image.Result) *Requirements {
 		}
 	}
 
+	// What the labels declare is set aside: the files decide.
+	declared, declaredFrom := r.ROCm, r.ROCmFrom
+	r.ROCm, r.ROCmFrom = "", ""
+
 	// Files.
 	var code fatbin.Result
+	gfx := map[string]bool{}
 	libVersion := map[string]string{}
+	var pkgs []pkgdb.Package
+	var fileCUDA, fileROCm []pkgdb.Version
 	for _, f := range s.Facts {
 		switch f.Kind {
 		case image.KindLibrary:
@@ -170,8 +221,14 @@ func FromScan(s *image.Result) *Requirements {
 				r.CompatDriver = f.Version
 			}
 		case image.KindROCm:
-			if r.ROCm == "" || r.ROCmFrom != "" && !strings.HasPrefix(r.ROCmFrom, "/") {
-				r.ROCm, r.ROCmFrom = strings.SplitN(f.Version, "-", 2)[0], "/"+f.Path
+			if r.ROCm == "" {
+				r.ROCm, r.ROCmFrom = f.Version, "/"+f.Path
+			}
+		case image.KindPackages:
+			if f.Packages != nil {
+				pkgs = append(pkgs, f.Packages.Packages...)
+				fileCUDA = append(fileCUDA, f.Packages.CUDA...)
+				fileROCm = append(fileROCm, f.Packages.ROCm...)
 			}
 		case image.KindPython:
 			fw := Framework{Name: f.Name, Version: f.Version, Path: f.Path}
@@ -193,30 +250,74 @@ func FromScan(s *image.Result) *Requirements {
 			if isFrameworkDist(f.Name) {
 				r.Frameworks = append(r.Frameworks, Framework{Name: f.Name, Version: f.Version, Path: f.Path})
 			}
-		case image.KindGPUCode:
-			if f.Code == nil {
+		case image.KindGPUCode, image.KindAMDKernels:
+			if f.Code.Empty() && f.AMD.Empty() {
 				continue
 			}
-			b := Binary{Path: f.Path, code: f.Code}
-			for _, a := range f.Code.SASS {
-				b.SASS = append(b.SASS, fatbin.ArchName(a, false))
+			b := Binary{Path: f.Path, code: f.Code, amd: f.AMD, Runtime: f.Kind == image.KindAMDKernels}
+			if f.Code != nil {
+				for _, c := range f.Code.SASS() {
+					b.SASS = append(b.SASS, c.String())
+				}
+				for _, c := range f.Code.PTX() {
+					b.PTX = append(b.PTX, PTXCode{Target: c.Name(), ISA: c.ISA})
+				}
+				code.Merge(f.Code)
 			}
-			for _, a := range f.Code.PTX {
-				b.PTX = append(b.PTX, fatbin.ArchName(a, true))
+			if f.AMD != nil {
+				for _, t := range f.AMD.Targets {
+					b.GFX = append(b.GFX, t.Name())
+					gfx[t.Name()] = true
+				}
 			}
 			r.Binaries = append(r.Binaries, b)
-			code.Merge(f.Code)
 		}
 	}
 	mergeFrameworks(r)
-	for _, a := range code.SASS {
-		r.SASS = append(r.SASS, fatbin.ArchName(a, false))
+	for _, c := range code.SASS() {
+		r.SASS = append(r.SASS, c.String())
 	}
-	for _, a := range code.PTX {
-		r.PTX = append(r.PTX, fatbin.ArchName(a, true))
+	for _, c := range code.PTX() {
+		r.PTX = append(r.PTX, c.String())
 	}
-	if r.CUDA == "" && libVersion["cudart"] != "" {
-		r.CUDA, r.CUDAFrom = majorMinor(libVersion["cudart"]), "libcudart.so."+libVersion["cudart"]
+	for t := range gfx {
+		r.GFX = append(r.GFX, t)
+	}
+	sort.Strings(r.GFX)
+	r.Packages = pkgs
+	pkCUDA, pkROCm := pkgdb.FromPackages(pkgs)
+	fileCUDA = append(fileCUDA, pkCUDA...)
+	fileROCm = append(fileROCm, pkROCm...)
+
+	// CUDA: the runtime the image's files hold decides over what the
+	// image declares; a disagreement is reported.
+	fileVer, fileFrom := "", ""
+	if v := libVersion["cudart"]; v != "" {
+		fileVer, fileFrom = majorMinor(v), "libcudart.so."+v
+		if !strings.Contains(v, ".") {
+			// libcudart.so.12 says the major only; a package or
+			// version.json says more.
+			fileVer = ""
+			for _, fv := range fileCUDA {
+				if strings.SplitN(fv.Version, ".", 2)[0] == v {
+					fileVer, fileFrom = majorMinor(fv.Version), fv.From
+					break
+				}
+			}
+			if fileVer == "" {
+				fileVer, fileFrom = v, "libcudart.so."+v
+			}
+		}
+	} else if len(fileCUDA) > 0 {
+		fileVer, fileFrom = majorMinor(fileCUDA[0].Version), fileCUDA[0].From
+	}
+	switch {
+	case fileVer == "":
+	case r.CUDA == "":
+		r.CUDA, r.CUDAFrom = fileVer, fileFrom
+	case !sameRelease(r.CUDA, fileVer):
+		r.Conflicts = append(r.Conflicts, fmt.Sprintf("the image declares CUDA %s (%s) but holds the CUDA %s runtime (%s): kiln goes by the runtime", r.CUDA, r.CUDAFrom, fileVer, fileFrom))
+		r.CUDA, r.CUDAFrom = fileVer, fileFrom
 	}
 	if r.CUDA == "" {
 		for _, fw := range r.Frameworks {
@@ -232,8 +333,23 @@ func FromScan(s *image.Result) *Requirements {
 	if r.NCCL == "" {
 		r.NCCL = libVersion["nccl"]
 	}
+
+	// ROCm: the release, never a build id. libamdhip64.so.5.2.21153 is HIP
+	// 5.2 (build 21153), part of ROCm 5.2.
+	if r.ROCm == "" && len(fileROCm) > 0 {
+		r.ROCm, r.ROCmFrom = fileROCm[0].Version, fileROCm[0].From
+	}
 	if r.ROCm == "" && libVersion["amdhip64"] != "" {
-		r.ROCm, r.ROCmFrom = libVersion["amdhip64"], "libamdhip64.so."+libVersion["amdhip64"]
+		if v, ok := pkgdb.HIPSoname(libVersion["amdhip64"]); ok {
+			r.ROCm, r.ROCmFrom = v, "libamdhip64.so."+libVersion["amdhip64"]+" (HIP "+v+")"
+		}
+	}
+	switch {
+	case declared == "":
+	case r.ROCm == "":
+		r.ROCm, r.ROCmFrom = declared, declaredFrom
+	case !sameRelease(declared, r.ROCm):
+		r.Conflicts = append(r.Conflicts, fmt.Sprintf("the image declares ROCm %s (%s) but holds ROCm %s (%s): kiln goes by the files", declared, declaredFrom, r.ROCm, r.ROCmFrom))
 	}
 	if r.ROCm == "" {
 		for _, fw := range r.Frameworks {
@@ -245,6 +361,10 @@ func FromScan(s *image.Result) *Requirements {
 	}
 	return r
 }
+
+// sameRelease reports whether two versions name the same major.minor
+// release ("12.4" and "12.4.1"; "6.2" and "6.2.0").
+func sameRelease(a, b string) bool { return majorMinor(a) == majorMinor(b) }
 
 // isFrameworkDist picks the Python distributions that matter for GPUs.
 func isFrameworkDist(n string) bool {

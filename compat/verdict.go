@@ -21,6 +21,10 @@ const (
 	// RunsViaJIT: no machine code for this GPU; the driver compiles the
 	// image's PTX at start-up (a delay, and code not tuned for the GPU).
 	RunsViaJIT Verdict = "runs-via-jit"
+	// Unknown: kiln lacks a fact it needs (the GPU's model, compute
+	// capability or gfx target, the driver, a code object's variant, a
+	// version newer than its tables); the reasons say what and how to tell it.
+	Unknown Verdict = "unknown"
 	// Fails: the container does not start, or its GPU code cannot run.
 	Fails Verdict = "fails"
 )
@@ -33,8 +37,10 @@ func (v Verdict) rank() int {
 		return 1
 	case RunsViaJIT:
 		return 2
+	case Unknown:
+		return 3
 	}
-	return 3
+	return 4
 }
 
 // worse returns the worse of two verdicts.
@@ -45,8 +51,9 @@ func worse(a, b Verdict) Verdict {
 	return a
 }
 
-// Runs reports whether the verdict lets the image run (with or without a caveat).
-func (v Verdict) Runs() bool { return v != Fails && v != "" }
+// Runs reports whether the verdict lets the image run (with or without a
+// caveat). Unknown does not: kiln never says "runs" for what it cannot tell.
+func (v Verdict) Runs() bool { return v != Fails && v != Unknown && v != "" }
 
 // Report is kiln compat's answer for one image and a set of nodes.
 type Report struct {
@@ -54,6 +61,10 @@ type Report struct {
 	Nodes        []NodeReport  `json:"nodes"`
 	// AllRun is true when the image runs on every GPU of every node.
 	AllRun bool `json:"all_run"`
+	// AnyUnknown is true when kiln could not tell for some GPU.
+	AnyUnknown bool `json:"any_unknown,omitempty"`
+	// AnyFails is true when the image fails on some GPU.
+	AnyFails bool `json:"any_fails,omitempty"`
 }
 
 // NodeReport is the verdict for one node.
@@ -81,6 +92,19 @@ type GPUReport struct {
 	// Reasons say why, in words; Fix says what to change.
 	Reasons []string `json:"reasons"`
 	Fix     []string `json:"fix,omitempty"`
+	// Binaries is the verdict of each file with GPU code on this GPU.
+	Binaries []BinaryVerdict `json:"binaries,omitempty"`
+}
+
+// BinaryVerdict is what one file's GPU code does on one GPU.
+type BinaryVerdict struct {
+	Path    string  `json:"path"`
+	Verdict Verdict `json:"verdict"`
+	// Uses is the code that runs: "sm_86", "compute_80 (PTX ISA 7.8) by JIT",
+	// "gfx90a:xnack-".
+	Uses string `json:"uses,omitempty"`
+	// Reason says why it fails or why kiln cannot tell.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Node is a node to check: a name for the report and its Snapshot.
@@ -93,6 +117,9 @@ type Node struct {
 // because a multi-platform image gives each node architecture its own.
 func Evaluate(reqs []*Requirements, nodes []Node, k *kb.KB) *Report {
 	rep := &Report{AllRun: true}
+	for _, req := range reqs {
+		req.resolve(k)
+	}
 	for i, n := range nodes {
 		req := reqs[min(i, len(reqs)-1)]
 		if rep.Requirements == nil {
@@ -101,6 +128,20 @@ func Evaluate(reqs []*Requirements, nodes []Node, k *kb.KB) *Report {
 		nr := Check(req, n, k)
 		if !nr.Verdict.Runs() {
 			rep.AllRun = false
+		}
+		switch nr.Verdict {
+		case Fails:
+			rep.AnyFails = true
+		case Unknown:
+			rep.AnyUnknown = true
+		}
+		for _, g := range nr.GPUs {
+			switch g.Verdict {
+			case Fails:
+				rep.AnyFails = true
+			case Unknown:
+				rep.AnyUnknown = true
+			}
 		}
 		rep.Nodes = append(rep.Nodes, nr)
 	}
@@ -111,10 +152,14 @@ func Evaluate(reqs []*Requirements, nodes []Node, k *kb.KB) *Report {
 }
 
 // ExitCode is 0 when the image runs on every GPU (with or without a
-// caveat) and 1 when it fails somewhere.
+// caveat), 1 when it fails somewhere, and 2 when it fails nowhere but kiln
+// could not tell for some GPU.
 func (r *Report) ExitCode() int {
-	if r.AllRun {
+	switch {
+	case r.AllRun:
 		return 0
+	case r.AnyUnknown && !r.AnyFails:
+		return 2
 	}
 	return 1
 }
@@ -122,6 +167,7 @@ func (r *Report) ExitCode() int {
 // Check gives the verdict for every GPU of one node.
 func Check(req *Requirements, n Node, k *kb.KB) NodeReport {
 	s := n.Snapshot
+	req.resolve(k)
 	nr := NodeReport{Node: n.Name, Verdict: Runs}
 	if s == nil {
 		nr.Verdict = Fails
@@ -221,4 +267,7 @@ func (r *GPUReport) set(v Verdict, reason, fix string) {
 }
 
 func (r *GPUReport) fail(reason, fix string) { r.set(Fails, reason, fix) }
-func (r *GPUReport) note(reason string)      { r.set(Runs, reason, "") }
+
+// unknown records a fact kiln lacks and how to give it.
+func (r *GPUReport) unknown(reason, fix string) { r.set(Unknown, reason, fix) }
+func (r *GPUReport) note(reason string)         { r.set(Runs, reason, "") }

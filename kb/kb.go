@@ -22,6 +22,9 @@ type KB struct {
 	// codes it is half of the data, and most commands never look an Xid
 	// up (loading it cost every kiln doctor run 4 ms and 1.8 MB).
 	xids lazyXIDs
+	// ptx is the PTX ISA and target table (kb/data/ptx.yaml), read on
+	// first use (kb/ptx.go).
+	ptx lazyPTX
 	// The compat tables below are read on first use (compat()).
 	compatOnce sync.Once
 	compatSrc  fileReader
@@ -175,6 +178,7 @@ func Load(fsys fileReader) (*KB, error) {
 		}
 	}
 	k.xids.src = fsys
+	k.ptx.src = fsys
 	k.compatSrc = fsys
 	return k, k.validate()
 }

@@ -38,21 +38,35 @@ will happen when the image runs there:
   runs                      driver and GPU meet every requirement
   runs-with-forward-compat  only through the CUDA forward-compatibility package
                             the image carries (allowed on datacenter GPUs only)
-  runs-via-jit              no machine code for this GPU: the driver compiles the
-                            image's PTX at start-up (a delay, slower kernels)
-  fails                     the container will not start, or its kernels cannot
-                            run ("no kernel image is available for execution")
+  runs-via-jit              no machine code for this GPU in some library: the
+                            driver compiles its PTX at start-up (a delay, kept in
+                            the JIT cache; kernels may be slower)
+  unknown                   kiln lacks a fact it needs (the GPU's compute
+                            capability or gfx target, the driver, a version newer
+                            than its tables); it says which and how to give it
+  fails                     the container will not start, or the kernels of a
+                            library cannot run ("no kernel image is available",
+                            hipErrorNoBinaryForGpu, an unsupported PTX version)
 
-Each verdict gives the reasons and the fix in words.
+Each verdict gives the reasons and the fix in words. "runs" means every file of
+the image with GPU code has machine code for the GPU or PTX the driver can
+compile; a GPU or driver kiln does not know is never taken as fine.
 
 What kiln reads from the image: NVIDIA_REQUIRE_CUDA (the condition the NVIDIA
 container runtime checks at start), CUDA_VERSION, cuDNN/NCCL variables, ROCm
 version labels; then from the layers: versioned CUDA and ROCm libraries
 (libcudart.so.12.4.127, libcudnn, libnccl, libamdhip64), the CUDA
 forward-compatibility package (compat/libcuda.so.*), ROCm's version file,
-torch/version.py, TensorFlow's build_info and JAX versions, and the GPU
-architectures compiled into every CUDA binary (the SASS sm_XX targets and PTX of
-its .nv_fatbin section). Files deleted in upper layers do not count.
+torch/version.py, TensorFlow's build_info and JAX versions, package databases
+(dpkg, apk, rpm) and CUDA's version.json, and the GPU code compiled into every
+ELF file whatever its name or mode (libraries, executables, Python and Node.js
+extension modules): NVIDIA SASS targets (sm_86, arch-specific sm_90a,
+family-specific sm_100f) and PTX with its ISA version from .nv_fatbin, AMD gfx
+targets with their features (gfx90a:xnack-, gfx11-generic) from clang offload
+bundles (compressed ones too) and code objects, and ROCm kernel files named by
+target (Tensile, MIOpen). Where the image's labels and its binaries disagree,
+the binaries decide and the disagreement is printed. Files deleted in upper
+layers do not count.
 
 IMAGE is a registry reference (credentials come from the docker config,
 ~/.docker/config.json and its credential helpers), an OCI layout directory
@@ -74,6 +88,7 @@ Exit codes:
   0  the image runs on every GPU of every node (possibly with forward
      compatibility or JIT; see the verdicts)
   1  it fails on at least one GPU
+  2  it fails on none, but kiln cannot tell for at least one GPU (unknown)
   3  kiln could not decide: image or node unreadable`,
 		Example: `  kiln compat nvcr.io/nvidia/pytorch:24.05-py3
   kiln compat registry.local:5000/team/train:1.4 --insecure --node gpu01.json --node gpu02.json
@@ -171,7 +186,7 @@ func writeCompatText(w io.Writer, rep *compat.Report, scans map[string]*image.Re
 	if len(digest) > 19 {
 		digest = digest[:19] + "…"
 	}
-	fmt.Fprintf(w, "image %s (%s, %s)\n", r.Image, firstOf(digest, "no digest"), r.Platform)
+	fmt.Fprintf(w, "image %s (%s, %s)\n", printable(r.Image), firstOf(digest, "no digest"), printable(r.Platform))
 	var needs []string
 	if r.CUDA != "" {
 		needs = append(needs, fmt.Sprintf("CUDA %s (%s)", r.CUDA, r.CUDAFrom))
@@ -191,7 +206,7 @@ func writeCompatText(w io.Writer, rep *compat.Report, scans map[string]*image.Re
 	if len(needs) == 0 {
 		needs = []string{"no GPU stack found"}
 	}
-	fmt.Fprintf(w, "  needs:      %s\n", strings.Join(needs, ", "))
+	fmt.Fprintf(w, "  needs:      %s\n", printable(strings.Join(needs, ", ")))
 	var fws []string
 	for _, fw := range r.Frameworks {
 		s := fw.Name + " " + fw.Version
@@ -204,10 +219,13 @@ func writeCompatText(w io.Writer, rep *compat.Report, scans map[string]*image.Re
 		fws = append(fws, strings.TrimSpace(s))
 	}
 	if len(fws) > 0 {
-		fmt.Fprintf(w, "  frameworks: %s\n", strings.Join(fws, ", "))
+		fmt.Fprintf(w, "  frameworks: %s\n", printable(strings.Join(fws, ", ")))
 	}
-	if len(r.SASS)+len(r.PTX) > 0 {
-		fmt.Fprintf(w, "  GPU code:   %s (%d binaries)\n", strings.Join(append(append([]string{}, r.SASS...), r.PTX...), " "), len(r.Binaries))
+	if len(r.SASS)+len(r.PTX)+len(r.GFX) > 0 {
+		fmt.Fprintf(w, "  GPU code:   %s (%d binaries)\n", printable(strings.Join(append(append(append([]string{}, r.SASS...), r.PTX...), r.GFX...), " ")), len(r.Binaries))
+	}
+	for _, c := range r.Conflicts {
+		fmt.Fprintf(w, "  note:       %s\n", printable(c))
 	}
 	keys := make([]string, 0, len(scans))
 	for k := range scans {
@@ -234,9 +252,9 @@ func writeCompatText(w io.Writer, rep *compat.Report, scans map[string]*image.Re
 			}
 			drv += ")"
 		}
-		fmt.Fprintf(w, "\nnode %s%s: %s\n", n.Node, drv, strings.ToUpper(string(n.Verdict)))
+		fmt.Fprintf(w, "\nnode %s%s: %s\n", printable(n.Node), printable(drv), strings.ToUpper(string(n.Verdict)))
 		for _, reason := range n.Reasons {
-			fmt.Fprintf(w, "  - %s\n", reason)
+			fmt.Fprintf(w, "  - %s\n", printable(reason))
 		}
 		for _, grp := range groupGPUs(n.GPUs) {
 			g := grp.gpus[0]
@@ -244,19 +262,22 @@ func writeCompatText(w io.Writer, rep *compat.Report, scans map[string]*image.Re
 			if arch != "" {
 				arch = " (" + arch + ")"
 			}
-			fmt.Fprintf(w, "  %s %s%s: %s\n", gpuList(grp.gpus), firstOf(g.Model, g.Vendor), arch, g.Verdict)
+			fmt.Fprintf(w, "  %s %s%s: %s\n", gpuList(grp.gpus), printable(firstOf(g.Model, g.Vendor)), printable(arch), g.Verdict)
 			for _, reason := range g.Reasons {
-				fmt.Fprintf(w, "      - %s\n", reason)
+				fmt.Fprintf(w, "      - %s\n", printable(reason))
 			}
 			for _, fix := range g.Fix {
-				fmt.Fprintf(w, "      fix: %s\n", fix)
+				fmt.Fprintf(w, "      fix: %s\n", printable(fix))
 			}
 		}
 	}
-	if rep.AllRun {
+	switch {
+	case rep.AllRun:
 		fmt.Fprintln(w, "\nThe image runs on every GPU checked.")
-	} else {
+	case rep.AnyFails:
 		fmt.Fprintln(w, "\nThe image does not run on every GPU checked.")
+	default:
+		fmt.Fprintln(w, "\nkiln cannot tell whether the image runs on every GPU checked: see the unknown verdicts.")
 	}
 }
 

@@ -37,6 +37,44 @@ type ELFResult struct {
 // The zero value is ready to use. A Scanner is not safe for concurrent use.
 type Scanner struct {
 	br *bufio.Reader
+	vr variantReader
+	// variants holds, per distinct entry header, the variant read from
+	// the first such payload; decodes counts payloads read in this file.
+	variants map[string]string
+	decodes  int
+}
+
+// maxDecodes bounds the payloads read per file for their variant; past it
+// an entry whose header is new takes the variant of the last entry of its
+// kind and architecture (or VariantUnknown).
+const maxDecodes = 512
+
+// variantOf returns the variant of the entry at the stream's position,
+// reading its payload when no entry with the same header was read before.
+// It leaves the stream at most at next.
+func (sc *Scanner) variantOf(s *stream, h entryHeader, next int64) string {
+	if v, ok := sc.variants[h.key]; ok {
+		return v
+	}
+	short := fmt.Sprintf("%d/%d", h.Kind, h.Arch)
+	if sc.decodes >= maxDecodes {
+		if v, ok := sc.variants[short]; ok {
+			return v
+		}
+		return VariantUnknown
+	}
+	sc.decodes++
+	if s.advance(int64(h.hdr)) != nil {
+		return VariantUnknown
+	}
+	stored := int64(h.stored)
+	if stored <= 0 || stored > next-s.pos {
+		stored = next - s.pos
+	}
+	v := sc.vr.variant(h.Entry, io.LimitReader(s, stored))
+	sc.variants[h.key] = v
+	sc.variants[short] = v
+	return v
 }
 
 // Scan reads an ELF file of size bytes (-1 when unknown) from r to its end
@@ -92,6 +130,25 @@ func (s *stream) advance(n int64) error {
 	return nil
 }
 
+// Read reads from the stream, keeping what the windows want.
+func (s *stream) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	b, err := s.br.Peek(min(len(p), s.size))
+	if len(b) == 0 {
+		if err == nil {
+			err = io.EOF
+		}
+		return 0, err
+	}
+	n := copy(p, b)
+	if aerr := s.advance(int64(n)); aerr != nil {
+		return n, aerr
+	}
+	return n, nil
+}
+
 // Scan is Scan with the scanner's buffer.
 func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
 	// Small files get a small buffer; the buffer grows once for a big one.
@@ -106,6 +163,12 @@ func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
 	}
 	s := &stream{br: sc.br, size: sc.br.Size()}
 	out := &ELFResult{}
+	if sc.variants == nil {
+		sc.variants = map[string]string{}
+	} else {
+		clear(sc.variants)
+	}
+	sc.decodes = 0
 	peek, _ := s.br.Peek(64)
 	// The buffer is overwritten as the stream moves on: keep a copy.
 	hdr := append([]byte(nil), peek...)
@@ -185,16 +248,19 @@ func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
 			break
 		}
 		for s.pos+minEntryHeader <= end {
-			eh, _ := s.br.Peek(int(min(64, end-s.pos)))
-			e, ehdr, payload, perr := parseEntryHeader(eh)
-			if perr != nil || payload > uint64(end-s.pos) {
+			eh, _ := s.br.Peek(int(min(maxEntryHeader, end-s.pos, int64(s.size))))
+			h, perr := parseEntryHeader(eh)
+			if perr != nil || h.payload > uint64(end-s.pos) {
 				break
 			}
-			c.res.add(e)
-			next := s.pos + int64(ehdr) + int64(payload)
+			next := s.pos + int64(h.hdr) + int64(h.payload)
 			if next <= s.pos || next > end {
 				break
 			}
+			if h.Arch >= firstVariantArc && (h.Kind == KindPTX || h.Kind == KindELF) {
+				h.Variant = sc.variantOf(s, h, next)
+			}
+			c.res.add(h.Entry)
 			if s.advance(next-s.pos) != nil {
 				break
 			}
@@ -266,16 +332,4 @@ func fatbinSections(sht []byte, ent, strndx int, is64 bool, pre *window) (ranges
 		}
 	}
 	return ranges, true
-}
-
-// String summarises a result: "sm_80 sm_86 compute_86".
-func (r *Result) String() string {
-	var b bytes.Buffer
-	for _, a := range r.SASS {
-		fmt.Fprintf(&b, "%s ", ArchName(a, false))
-	}
-	for _, a := range r.PTX {
-		fmt.Fprintf(&b, "%s ", ArchName(a, true))
-	}
-	return string(bytes.TrimSpace(b.Bytes()))
 }

@@ -12,7 +12,7 @@ import (
 
 // cacheVersion changes whenever what a Layer holds, or how it is read,
 // changes; entries of another version are read again.
-const cacheVersion = 1
+const cacheVersion = 2
 
 // Cache keeps what each layer holds, by layer digest: in memory, and on
 // disk when it has a directory. Layers are content-addressed, so an entry

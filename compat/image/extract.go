@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/compat/fatbin"
+	"kiln.dev/kiln/compat/offload"
+	"kiln.dev/kiln/compat/pkgdb"
 )
 
 // Fact kinds.
@@ -27,8 +29,15 @@ const (
 	KindPython = "python-module"
 	// KindDist is an installed Python distribution (NAME-VERSION.dist-info).
 	KindDist = "dist-info"
-	// KindGPUCode is an ELF file with CUDA fat binaries; Code lists them.
+	// KindGPUCode is an ELF file with CUDA fat binaries (Code lists them)
+	// or AMD code objects (AMD lists their targets), or both.
 	KindGPUCode = "gpu-code"
+	// KindAMDKernels is a file of AMD kernels that names its target
+	// (TensileLibrary_gfx90a.co, a MIOpen gfx942130.kdb): AMD lists it.
+	KindAMDKernels = "amd-kernels"
+	// KindPackages is a package database or a version file (dpkg status,
+	// apk, rpm, CUDA's version.json, os-release): Packages holds what it says.
+	KindPackages = "packages"
 )
 
 // Fact is one thing read from a file of the image.
@@ -39,6 +48,9 @@ type Fact struct {
 	Version string            `json:"version,omitempty"`
 	Fields  map[string]string `json:"fields,omitempty"`
 	Code    *fatbin.Result    `json:"code,omitempty"`
+	AMD     *offload.Result   `json:"amd,omitempty"`
+	// Packages is what a package database or version file says.
+	Packages *pkgdb.Facts `json:"packages,omitempty"`
 }
 
 // maxTextFile bounds the body kiln reads of a text file it wants.
@@ -48,6 +60,7 @@ const maxTextFile = 64 << 10
 // between files; one Extractor serves one goroutine.
 type Extractor struct {
 	scanner fatbin.Scanner
+	amd     offload.Scanner
 	peek    [4]byte
 }
 
@@ -102,14 +115,30 @@ func (ex *Extractor) file(p string, h *tar.Header, body io.Reader) ([]Fact, erro
 		if err != nil {
 			return nil, err
 		}
-		v := strings.TrimSpace(string(b))
-		if i := strings.IndexAny(v, "\n "); i >= 0 {
-			v = v[:i]
-		}
-		if v == "" {
+		v, err := pkgdb.ROCmInfoVersion(string(b))
+		if err != nil {
+			// A version file that holds no release is no fact: a build id
+			// or junk is never taken for a ROCm version.
 			return nil, nil
 		}
 		return []Fact{{Path: p, Kind: KindROCm, Name: "rocm", Version: v}}, nil
+	}
+	if pkgdb.Wants(p) {
+		b, err := io.ReadAll(io.LimitReader(body, pkgdb.MaxBytes(p)))
+		if err != nil {
+			return nil, err
+		}
+		pf, err := pkgdb.Read(p, bytes.NewReader(b))
+		if err != nil {
+			// An unreadable database is reported by what it lacks, not
+			// fatal to the scan.
+			return nil, nil
+		}
+		if len(pf.Packages) == 0 && len(pf.CUDA) == 0 && len(pf.ROCm) == 0 && pf.OS == "" {
+			return nil, nil
+		}
+		pf.Packages = gpuPackages(pf.Packages)
+		return []Fact{{Path: p, Kind: KindPackages, Packages: &pf}}, nil
 	}
 	if m := distInfoRe.FindStringSubmatch(p); m != nil {
 		return []Fact{{Path: path.Dir(p), Kind: KindDist, Name: normalizeDist(m[2]), Version: m[3]}}, nil
@@ -126,19 +155,25 @@ func (ex *Extractor) file(p string, h *tar.Header, body io.Reader) ([]Fact, erro
 		}
 	}
 	code, err := ex.elfCode(p, h, body)
-	if err != nil || code == nil {
+	if err != nil {
 		return nil, err
 	}
-	return []Fact{*code}, nil
+	if code != nil {
+		return []Fact{*code}, nil
+	}
+	// Kernel files ROCm libraries load at run time name their target.
+	if t, ok := offload.TargetFromName(base); ok {
+		return []Fact{{Path: p, Kind: KindAMDKernels, AMD: &offload.Result{Targets: []offload.Target{t}}}}, nil
+	}
+	return nil, nil
 }
 
-// elfCode reads a shared library or executable as a stream and returns a
-// gpu-code fact when it holds CUDA fat binaries.
+// elfCode reads any regular file that is an ELF object (shared library,
+// executable, Python or Node.js extension module, plugin, AMD code object;
+// whatever its name or mode) as a stream and returns a gpu-code fact when it
+// holds CUDA fat binaries or AMD code objects. One pass feeds both readers.
 func (ex *Extractor) elfCode(p string, h *tar.Header, body io.Reader) (*Fact, error) {
 	if h.Typeflag != tar.TypeReg || h.Size < 64 {
-		return nil, nil
-	}
-	if !strings.Contains(path.Base(p), ".so") && h.Mode&0o111 == 0 {
 		return nil, nil
 	}
 	if _, err := io.ReadFull(body, ex.peek[:]); err != nil {
@@ -147,18 +182,61 @@ func (ex *Extractor) elfCode(p string, h *tar.Header, body io.Reader) (*Fact, er
 	if string(ex.peek[:]) != "\x7fELF" {
 		return nil, nil
 	}
-	res, err := ex.scanner.Scan(io.MultiReader(bytes.NewReader(ex.peek[:]), body), h.Size)
+	src := io.MultiReader(bytes.NewReader(ex.peek[:]), body)
+	pr, pw := io.Pipe()
+	type amdOut struct {
+		res *offload.Result
+		err error
+	}
+	done := make(chan amdOut, 1)
+	go func() {
+		res, err := ex.amd.Scan(pr, h.Size)
+		// Read what the scanner left, so the writer never blocks.
+		_, _ = io.Copy(io.Discard, pr)
+		done <- amdOut{res, err}
+	}()
+	res, err := ex.scanner.Scan(io.TeeReader(src, pw), h.Size)
+	if err == nil {
+		// The NVIDIA reader stops at the end of the file; pass on any rest.
+		_, err = io.Copy(pw, src)
+	}
+	pw.CloseWithError(err)
+	amd := <-done
 	if err != nil {
 		if errors.Is(err, fatbin.ErrNotELF) {
 			return nil, nil
 		}
 		return nil, err
 	}
-	if res.Empty() {
+	f := &Fact{Path: p, Kind: KindGPUCode}
+	if !res.Empty() {
+		code := res.Result
+		f.Code = &code
+	}
+	if amd.err == nil && amd.res != nil && !amd.res.Empty() {
+		f.AMD = amd.res
+	}
+	if f.Code == nil && f.AMD == nil {
 		return nil, nil
 	}
-	code := res.Result
-	return &Fact{Path: p, Kind: KindGPUCode, Code: &code}, nil
+	return f, nil
+}
+
+// gpuPackages keeps the packages of GPU stacks (CUDA, ROCm, HIP, drivers,
+// the libraries kiln knows): a whole distribution's list would make every
+// cached layer large.
+func gpuPackages(pk []pkgdb.Package) []pkgdb.Package {
+	var out []pkgdb.Package
+	for _, p := range pk {
+		n := strings.ToLower(p.Name)
+		for _, w := range []string{"cuda", "cudnn", "nccl", "cublas", "nvidia", "tensorrt", "rocm", "hip", "amdgpu", "roc", "miopen", "rccl", "hsa"} {
+			if strings.Contains(n, w) {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
 }
 
 func readBounded(r io.Reader) ([]byte, error) {

@@ -344,3 +344,7 @@ func nameFeatures(s string) string {
 
 func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 func isAlnum(c byte) bool  { return isLetter(c) || c >= '0' && c <= '9' }
+
+// SupportsFeature reports whether processor p supports target feature f
+// ("xnack", "sramecc"); known is false when kiln's table lacks p or f.
+func SupportsFeature(p, f string) (ok, known bool) { return supports(p, f) }
