@@ -46,6 +46,13 @@ go vet ./...
 # go test prints why a test skipped only with -v: say here whether the
 # container tests can run on this machine, and if not, why.
 go test -count=1 -run '^TestContainerSupport$' -v ./executor/containerd | grep -E -- '^(---|\s)' || true
+# Real GPU binaries nobody here built (Debian's CUDA 11.8 libraries and
+# CUDA-built programs, llama.cpp's CUDA 12.4 and 13.1 backends from npm,
+# Debian's ROCm 5 libraries) and what cuobjdump and clang-offload-bundler say
+# they hold: kiln's readers must agree exactly (testdata/realbin/SOURCES.md).
+# Downloads are cached between runs, outside the repository.
+scripts/realbin.sh
+export KILN_REALBIN="${KILN_REALBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/realbin}"
 go test -race -count=1 ./...
 # The lease benchmark, small (100 agents, 200 grants), so that its agent
 # process and both of its runs keep working; the figures come from the
