@@ -406,7 +406,10 @@ func (r *Requirements) resolve(k *kb.KB) {
 			}
 		}
 	}
-	if c, from := builtWith(r, k); c != "" && r.CUDA != "" && kb.CompareDriver(c, r.CUDA) > 0 {
-		r.Conflicts = append(r.Conflicts, fmt.Sprintf("the image declares CUDA %s (%s) but %s: kiln goes by the binaries", r.CUDA, r.CUDAFrom, from))
+	if c, from := builtWith(r, k); c != "" && (r.CUDA == "" || kb.CompareDriver(c, r.CUDA) > 0) {
+		if r.CUDA != "" {
+			r.Conflicts = append(r.Conflicts, fmt.Sprintf("the image declares CUDA %s (%s) but %s: kiln goes by the binaries", r.CUDA, r.CUDAFrom, from))
+		}
+		r.CUDA, r.CUDAFrom = c, from
 	}
 }
