@@ -79,10 +79,10 @@ func hipELF(t testing.TB, list string) []byte {
 }
 
 const (
-	// libcublas.so.11.11.3.6 of Debian's libcublas11 (CUDA 11.8).
-	cublas118 = "sm_35 sm_50 sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_90 compute_90@7.8"
-	// libcufft.so.10.9.0.58 of Debian's libcufft10 (CUDA 11.8).
-	cufft118 = "sm_35 sm_50 sm_60 sm_70 sm_80 sm_90 compute_90@7.8"
+	// libnvjpeg.so.11.9.0.86 of Debian's libnvjpeg11 (CUDA 11.8).
+	nvjpeg118 = "sm_35 sm_37 sm_50 sm_52 sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_89 sm_90 compute_90@7.8"
+	// libnppicc.so.11.8.0.86 of Debian's libnppicc11 (CUDA 11.8).
+	nppicc118 = "sm_35 sm_50 sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_89 sm_90 compute_90@7.8"
 	// libggml-cuda.so of @node-llama-cpp/linux-x64-cuda 3.22.1 (CUDA 13.1).
 	ggml131 = "sm_86 sm_89 sm_120a sm_121a compute_75@9.1 compute_80@9.1 compute_90@9.1"
 	// libgputomo.cpython-311-x86_64-linux-gnu.so of Debian's
@@ -90,8 +90,9 @@ const (
 	pyhst2 = "compute_50@7.7 compute_60@7.7 compute_70@7.7 compute_80@7.7"
 	// libmagma_sparse.so.2 of Debian's libmagma-sparse2 2.6.2-1 (ISA 7.4).
 	magma = "sm_60 sm_70 sm_75 sm_80 compute_80@7.4"
-	// librocsparse.so.0.1 of Debian's librocsparse0 5.3.0 (ROCm 5.x).
-	rocsparse53 = "gfx1030 gfx803 gfx900:xnack- gfx906:xnack- gfx908:xnack- gfx90a:xnack+ gfx90a:xnack-"
+	// librocrand.so.1.1 of Debian's librocrand1 5.3.3 (ROCm 5.x; Debian's
+	// librocsparse.so.0.1 has the same targets).
+	rocrand53 = "gfx1030 gfx803 gfx900:xnack- gfx906:xnack- gfx908:xnack- gfx90a:xnack+ gfx90a:xnack-"
 	// A ROCm 6.2 rocBLAS-shaped library: the targets AMD's 6.2 packages
 	// build (ROCm 6.2 release notes, supported GPUs; no gfx906).
 	rocblas62 = "gfx908:xnack- gfx90a:xnack+ gfx90a:xnack- gfx942:xnack- gfx942:xnack+ gfx1030 gfx1100 gfx1101"
@@ -99,35 +100,64 @@ const (
 	generic7 = "gfx9-4-generic:xnack- gfx11-generic gfx10-3-generic"
 )
 
+// realFiles are the real files the matrix's code lists were read from,
+// under scripts/realbin.sh's cache.
+var realFiles = map[string]string{
+	nvjpeg118: "root/libnvjpeg11/usr/lib/x86_64-linux-gnu/libnvjpeg.so.11.9.0.86",
+	nppicc118: "root/libnppicc11/usr/lib/x86_64-linux-gnu/libnppicc.so.11.8.0.86",
+	ggml131:   "npm/node-llama-cpp-linux-x64-cuda-3.22.1/package/bins/linux-x64-cuda/libggml-cuda.so",
+	pyhst2:    "root/python3-pyhst2-cuda/usr/lib/python3/dist-packages/PyHST2_2020c/libgputomo.cpython-311-x86_64-linux-gnu.so",
+	magma:     "root/libmagma-sparse2/usr/lib/libmagma_sparse.so.2",
+	rocrand53: "root/librocrand1/usr/lib/x86_64-linux-gnu/librocrand.so.1.1",
+	"cudart":  "root/libcudart11.0/usr/lib/x86_64-linux-gnu/libcudart.so.11.8.89",
+	"hip":     "root/libamdhip64-5/usr/lib/x86_64-linux-gnu/libamdhip64.so.5.2.21153",
+}
+
+// realOr is the body of the real file a code list was read from, when the
+// test setup fetched it (KILN_REALBIN), and otherwise an ELF built to hold
+// exactly that code (TestMatrixCodeIsReal checks the two agree).
+func realOr(t testing.TB, list string, build func(testing.TB, string) []byte) []byte {
+	if dir := os.Getenv("KILN_REALBIN"); dir != "" {
+		b, err := os.ReadFile(filepath.Join(dir, realFiles[list]))
+		if err != nil {
+			t.Fatalf("KILN_REALBIN is set but the test setup did not fetch it: %v", err)
+		}
+		return b
+	}
+	return build(t, list)
+}
+
+func noCode(testing.TB, string) []byte { return fatbin.BuildELF(make([]byte, 4096), nil) }
+
 func matrixImages(t *testing.T) map[string]imagetest.Spec {
 	lib := "usr/lib/x86_64-linux-gnu/"
 	return map[string]imagetest.Spec{
 		// Debian's CUDA 11.8 libraries: libcudart.so.11.8.89 says the runtime.
 		"m-debian-cuda118": {Extra: [][]imagetest.File{{
-			{Path: lib + "libcudart.so.11.8.89", Body: fatbin.BuildELF(make([]byte, 4096), nil)},
-			{Path: lib + "libcublas.so.11.11.3.6", Body: codeELF(t, cublas118)},
-			{Path: lib + "libcufft.so.10.9.0.58", Body: codeELF(t, cufft118)},
+			{Path: lib + "libcudart.so.11.8.89", Body: realOr(t, "cudart", noCode)},
+			{Path: lib + "libnvjpeg.so.11.9.0.86", Body: realOr(t, nvjpeg118, codeELF)},
+			{Path: lib + "libnppicc.so.11.8.0.86", Body: realOr(t, nppicc118, codeELF)},
 		}}},
 		// llama.cpp's CUDA 13.1 backend as a Node.js package: no runtime
 		// in the image, the PTX ISA says the toolkit; the file's name is
 		// not a library name kiln knows and its mode is not executable.
 		"m-llama-cuda131": {Extra: [][]imagetest.File{{
-			{Path: "app/node_modules/@node-llama-cpp/linux-x64-cuda/bins/linux-x64-cuda/libggml-cuda.so", Body: codeELF(t, ggml131)},
+			{Path: "app/node_modules/@node-llama-cpp/linux-x64-cuda/bins/linux-x64-cuda/libggml-cuda.so", Body: realOr(t, ggml131, codeELF)},
 		}}},
 		// A Python extension module with PTX only, and CUDA 11.8's runtime.
 		"m-pyhst2": {Extra: [][]imagetest.File{{
-			{Path: lib + "libcudart.so.11.8.89", Body: fatbin.BuildELF(make([]byte, 4096), nil)},
-			{Path: "usr/lib/python3/dist-packages/PyHST2_2020c/libgputomo.cpython-311-x86_64-linux-gnu.so", Body: codeELF(t, pyhst2)},
+			{Path: lib + "libcudart.so.11.8.89", Body: realOr(t, "cudart", noCode)},
+			{Path: "usr/lib/python3/dist-packages/PyHST2_2020c/libgputomo.cpython-311-x86_64-linux-gnu.so", Body: realOr(t, pyhst2, codeELF)},
 		}}},
 		// MAGMA with PTX of ISA 7.4, declared CUDA 11.4.
 		"m-magma": {Env: map[string]string{"CUDA_VERSION": "11.4.3"}, Extra: [][]imagetest.File{{
-			{Path: "usr/lib/libmagma_sparse.so.2", Body: codeELF(t, magma)},
+			{Path: "usr/lib/libmagma_sparse.so.2", Body: realOr(t, magma, codeELF)},
 		}}},
 		// Debian's ROCm 5 libraries with HIP 5.2 (libamdhip64.so.5.2.21153:
 		// 21153 is a build number, not a patch level).
 		"m-debian-rocm5": {Extra: [][]imagetest.File{{
-			{Path: lib + "libamdhip64.so.5.2.21153", Body: offload.BuildELF(make([]byte, 4096), nil)},
-			{Path: lib + "librocsparse.so.0.1", Body: hipELF(t, rocsparse53)},
+			{Path: lib + "libamdhip64.so.5.2.21153", Body: realOr(t, "hip", noCode)},
+			{Path: lib + "librocrand.so.1.1", Body: realOr(t, rocrand53, hipELF)},
 		}}},
 		// ROCm 6.2 with rocBLAS-shaped code objects.
 		"m-rocm62": {ROCm: "6.2.0", Extra: [][]imagetest.File{{
@@ -167,13 +197,13 @@ func TestVerdictMatrix(t *testing.T) {
 	}{
 		// Debian's CUDA 11.8 libraries.
 		{"m-debian-cuda118", nv, "Tesla P100-PCIE-16GB", "470.82.01", compat.Runs, "MINOR: 11.8 on a 470 driver (>= 450.80.02); SASS sm_60 on 6.0", []string{"minor-version compatibility"}},
-		{"m-debian-cuda118", nv, "NVIDIA GeForce GTX 1080", "535.104.05", compat.Runs, "SASS: sm_60 (cuFFT) runs on 6.1, sm_61 (cuBLAS) too", nil},
+		{"m-debian-cuda118", nv, "NVIDIA GeForce GTX 1080", "535.104.05", compat.Runs, "SASS: sm_61 (nvJPEG, NPP)", nil},
 		{"m-debian-cuda118", nv, "Tesla V100-SXM2-32GB", "535.104.05", compat.Runs, "SASS: sm_70", nil},
-		{"m-debian-cuda118", nv, "Tesla T4", "460.32.03", compat.Runs, "MINOR: 460 >= 450.80.02; SASS: cuFFT's sm_70 runs on 7.5", []string{"minor-version compatibility"}},
+		{"m-debian-cuda118", nv, "Tesla T4", "460.32.03", compat.Runs, "MINOR: 460 >= 450.80.02; SASS: sm_75", []string{"minor-version compatibility"}},
 		{"m-debian-cuda118", nv, "Tesla T4", "440.33.01", compat.Fails, "DRV: 11.8 needs >= 450.80.02", []string{"supports CUDA up to 10.2"}},
 		{"m-debian-cuda118", nv, "NVIDIA A100-SXM4-80GB", "525.85.12", compat.Runs, "SASS: sm_80", nil},
-		{"m-debian-cuda118", nv, "NVIDIA GeForce RTX 3090", "590.44.01", compat.Runs, "SASS: sm_86 (cuBLAS), sm_80 (cuFFT) on 8.6", nil},
-		{"m-debian-cuda118", nv, "NVIDIA L40S", "550.54.15", compat.Runs, "SASS: sm_86 and sm_80 run on 8.9", nil},
+		{"m-debian-cuda118", nv, "NVIDIA GeForce RTX 3090", "590.44.01", compat.Runs, "SASS: sm_86", nil},
+		{"m-debian-cuda118", nv, "NVIDIA L40S", "550.54.15", compat.Runs, "SASS: sm_89", nil},
 		{"m-debian-cuda118", nv, "NVIDIA H100 80GB HBM3", "550.54.15", compat.Runs, "SASS: sm_90", nil},
 		{"m-debian-cuda118", nv, "NVIDIA B200", "570.124.06", compat.RunsViaJIT, "SASS none for 10.0; PTX compute_90 ISA 7.8 <= 570's", []string{"compute_90 (PTX ISA 7.8)", "JIT cache"}},
 		{"m-debian-cuda118", nv, "NVIDIA GeForce RTX 5090", "575.51.03", compat.RunsViaJIT, "PTX compute_90 JIT for 12.0", nil},
@@ -268,14 +298,8 @@ func TestMatrixCodeIsReal(t *testing.T) {
 	if dir == "" {
 		t.Skip("KILN_REALBIN is not set: run scripts/realbin.sh and set KILN_REALBIN to its cache to check the matrix against real files")
 	}
-	for _, tc := range []struct{ file, want string }{
-		{"root/libcublas11/usr/lib/x86_64-linux-gnu/libcublas.so.11.11.3.6", cublas118},
-		{"root/libcufft10/usr/lib/x86_64-linux-gnu/libcufft.so.10.9.0.58", cufft118},
-		{"npm/node-llama-cpp-linux-x64-cuda-3.22.1/package/bins/linux-x64-cuda/libggml-cuda.so", ggml131},
-		{"root/python3-pyhst2-cuda/usr/lib/python3/dist-packages/PyHST2_2020c/libgputomo.cpython-311-x86_64-linux-gnu.so", pyhst2},
-		{"root/libmagma-sparse2/usr/lib/libmagma_sparse.so.2", magma},
-		{"root/librocsparse0/usr/lib/x86_64-linux-gnu/librocsparse.so.0.1", rocsparse53},
-	} {
+	for _, list := range []string{nvjpeg118, nppicc118, ggml131, pyhst2, magma, rocrand53} {
+		tc := struct{ file, want string }{realFiles[list], list}
 		t.Run(filepath.Base(tc.file), func(t *testing.T) {
 			f, err := os.Open(filepath.Join(dir, tc.file))
 			if err != nil {
