@@ -353,6 +353,13 @@ func TestVersionsFromFiles(t *testing.T) {
 		"v-dpkg": {Extra: [][]imagetest.File{{
 			{Path: "var/lib/dpkg/status", Body: []byte("Package: libamdhip64-5\nStatus: install ok installed\nVersion: 5.2.3-8\nArchitecture: amd64\n\nPackage: bash\nStatus: install ok installed\nVersion: 5.2.15-2+b2\n")},
 		}}},
+		// ROCm libraries' kernel files: a code object (gfx90a, XNACK off:
+		// EF_AMDGPU_MACH 0x3f, code object v4 feature bits 0x200) and a
+		// Tensile file named by its target.
+		"v-rocm-kernels": {ROCm: "6.2.0", Extra: [][]imagetest.File{{
+			{Path: "opt/rocm-6.2.0/lib/rocblas/library/Kernels.so-000-gfx90a-xnack-.hsaco", Body: offload.BuildCodeObject(2, 0x3f|0x200, make([]byte, 256))},
+			{Path: "opt/rocm-6.2.0/lib/rocblas/library/TensileLibrary_gfx942.dat", Body: []byte("msgpack")},
+		}}},
 		// An executable without the executable bit and without a library
 		// name still counts.
 		"v-any-elf": {Extra: [][]imagetest.File{{
@@ -395,6 +402,13 @@ func TestVersionsFromFiles(t *testing.T) {
 		if tc.conflict != "" && !strings.Contains(conflicts, tc.conflict) || tc.conflict == "" && conflicts != "" {
 			t.Errorf("%s: conflicts %q, want one with %q", tc.image, conflicts, tc.conflict)
 		}
+	}
+	var gfx []string
+	for _, b := range all["v-rocm-kernels"].Binaries {
+		gfx = append(gfx, b.Path+"="+strings.Join(b.GFX, " "))
+	}
+	if want := "opt/rocm-6.2.0/lib/rocblas/library/Kernels.so-000-gfx90a-xnack-.hsaco=gfx90a:xnack- opt/rocm-6.2.0/lib/rocblas/library/TensileLibrary_gfx942.dat=gfx942"; strings.Join(gfx, " ") != want {
+		t.Errorf("ROCm kernel files read as %q, want %q", gfx, want)
 	}
 	if b := all["v-any-elf"].Binaries; len(b) != 1 || b[0].Path != "opt/app/kernels.bin" || strings.Join(b[0].SASS, " ") != "sm_80" {
 		t.Errorf("an ELF without a library name or mode: %+v", b)
