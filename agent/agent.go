@@ -74,6 +74,7 @@ type Agent struct {
 
 	mu       sync.Mutex
 	jobs     map[string]*job // running, or ended with the exit not yet acknowledged
+	logsCut  map[string]bool // jobs whose output the server refuses (a log limit)
 	done     map[string]bool // ended and acknowledged
 	doneList []string
 	shape    [32]byte
@@ -111,7 +112,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	return &Agent{cfg: cfg, client: c, log: cfg.Logger.With("node", cfg.Identity.Node), node: cfg.Identity.Node,
-		jobs: map[string]*job{}, done: map[string]bool{}}, nil
+		jobs: map[string]*job{}, done: map[string]bool{}, logsCut: map[string]bool{}}, nil
 }
 
 // Node is the agent's node name.
@@ -480,7 +481,10 @@ func (a *Agent) pumpLogs(ctx context.Context, j *job) {
 }
 
 func (a *Agent) postLog(ctx context.Context, id string, b []byte) {
-	if len(b) == 0 {
+	a.mu.Lock()
+	cut := a.logsCut[id]
+	a.mu.Unlock()
+	if len(b) == 0 || cut {
 		return
 	}
 	for try := 0; try < 5; try++ {
@@ -493,6 +497,12 @@ func (a *Agent) postLog(ctx context.Context, id string, b []byte) {
 			return
 		}
 		if s := api.StatusOf(err); s >= 400 && s < 500 {
+			if s == 403 {
+				// Over a log limit: the server keeps no more of it.
+				a.mu.Lock()
+				a.logsCut[id] = true
+				a.mu.Unlock()
+			}
 			return
 		}
 		time.Sleep(time.Duration(200*(try+1)) * time.Millisecond)
@@ -534,6 +544,7 @@ func (a *Agent) finish(ctx context.Context, id string, rep api.ExitReport) {
 	}
 	a.mu.Lock()
 	delete(a.jobs, id)
+	delete(a.logsCut, id)
 	a.done[id] = true
 	a.doneList = append(a.doneList, id)
 	if len(a.doneList) > 100000 {

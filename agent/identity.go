@@ -93,6 +93,11 @@ func LoadIdentity(dir string) (*Identity, error) {
 		}
 		return nil, err
 	}
+	// The key signs as this node: the directory and the files are the
+	// agent's alone, also when they were made wider since.
+	if err := private(dir); err != nil {
+		return nil, err
+	}
 	id := &Identity{}
 	if err := json.Unmarshal(meta, id); err != nil {
 		return nil, fmt.Errorf("%s/agent.json: %w", dir, err)
@@ -107,6 +112,29 @@ func LoadIdentity(dir string) (*Identity, error) {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	return id, nil
+}
+
+// private makes the identity directory 0700 and its files 0600.
+func private(dir string) error {
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	for _, name := range []string{"key.pem", "cert.pem", "ca.pem", "agent.json"} {
+		p := filepath.Join(dir, name)
+		st, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if st.Mode()&os.ModeSymlink != 0 {
+			return fmt.Errorf("%s is a symbolic link: the agent keeps its identity in plain files", p)
+		}
+		if st.Mode().Perm() != 0o600 {
+			if err := os.Chmod(p, 0o600); err != nil {
+				return fmt.Errorf("%s: %w", p, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Client is an API client authenticated as this node.

@@ -3,9 +3,9 @@ package server
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
-	"strconv"
 	"time"
 
 	"kiln.dev/kiln/server/api"
@@ -47,8 +47,8 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
+	if err := s.down(); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
 	n := s.nodes[id]
@@ -175,8 +175,8 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
+	if err := s.down(); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
 	var userIDs []string
@@ -200,7 +200,7 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 		return tx.AddEvent(api.Event{Kind: "project.put", Subject: p.Name, Project: p.Name, Message: fmt.Sprintf("weight %g, max %g GPUs, %g GPU-hours per %ds", p.Weight, p.MaxGPUs, p.GPUHours, p.PeriodSeconds)})
 	})
 	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err)
+		writeErr(w, 0, storeErr(err))
 		return
 	}
 	ps := s.project(p.Name)
@@ -266,8 +266,8 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.broken != nil {
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
+	if err := s.down(); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
 	name := req.User
@@ -299,6 +299,10 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		if req.Role != "" {
 			user.Role = req.Role
 		}
+		if u.Role == api.RoleAdmin && user.Role != api.RoleAdmin && s.admins() <= 1 {
+			writeErr(w, http.StatusConflict, lastAdminErr(u.Name, "demoted"))
+			return
+		}
 	}
 	for _, p := range req.Projects {
 		if !contains(user.Projects, p) {
@@ -309,6 +313,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	secret, hash := newSecret()
 	row := store.TokenRow{ID: id, UserID: user.ID, Name: req.Name, Hash: hash, Created: now}
 	if req.TTLSeconds > 0 {
+		// parseTokenRequest bounds the TTL, so this cannot overflow.
 		row.Expires = now.Add(time.Duration(req.TTLSeconds) * time.Second)
 	}
 	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
@@ -326,7 +331,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		return tx.AddEvent(api.Event{Kind: "token.created", Subject: user.Name, Message: fmt.Sprintf("%s made token %s for %s (%s)", c.user.Name, id, user.Name, user.Role)})
 	})
 	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err)
+		writeErr(w, 0, storeErr(err))
 		return
 	}
 	s.putUser(user)
@@ -350,6 +355,10 @@ func (s *Server) deleteToken(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, fmt.Errorf("token %s not found", id))
 		return
 	}
+	if u := s.users[t.UserID]; u != nil && u.Role == api.RoleAdmin && s.admins() <= 1 && s.liveTokens(u.ID, time.Now()) <= 1 {
+		writeErr(w, http.StatusConflict, fmt.Errorf("token %s is the last token of %s, the last admin: make another token first ('kiln token create'), or recover on the server's host with 'kiln server --reset-admin'", id, u.Name))
+		return
+	}
 	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
 		if err := tx.DeleteToken(id); err != nil {
 			return err
@@ -357,7 +366,7 @@ func (s *Server) deleteToken(w http.ResponseWriter, r *http.Request) {
 		return tx.AddEvent(api.Event{Kind: "token.deleted", Subject: id, Message: c.user.Name + " deleted token " + id})
 	})
 	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err)
+		writeErr(w, 0, storeErr(err))
 		return
 	}
 	s.amu.Lock()
@@ -366,7 +375,82 @@ func (s *Server) deleteToken(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"deleted": id})
 }
 
+// admins counts the users with the admin role; s.mu is held.
+func (s *Server) admins() int {
+	n := 0
+	for _, u := range s.users {
+		if u.Role == api.RoleAdmin {
+			n++
+		}
+	}
+	return n
+}
+
+// liveTokens counts a user's tokens that have not expired; s.mu is held.
+func (s *Server) liveTokens(userID string, now time.Time) int {
+	n := 0
+	for _, t := range s.tokens {
+		if t.UserID == userID && (t.Expires.IsZero() || now.Before(t.Expires)) {
+			n++
+		}
+	}
+	return n
+}
+
+// storeErr is the answer to a store write that failed: 503, as the
+// committer's failures are (the disk is full, most likely).
+func storeErr(err error) error {
+	return withStatus(http.StatusServiceUnavailable, fmt.Errorf("the store cannot write (is the disk full?): %w", err))
+}
+
+func lastAdminErr(name, what string) error {
+	return &httpError{http.StatusConflict, fmt.Errorf("%s is the last admin and may not be %s: make another admin first ('kiln token create --user NAME --role admin'), or recover on the server's host with 'kiln server --reset-admin'", name, what)}
+}
+
+// deleteUser removes a user with its tokens and memberships; the leases it
+// made stay (under its name).
+func (s *Server) deleteUser(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	name := r.PathValue("name")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.down(); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	u := s.byName[name]
+	if u == nil {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("user %s not found", name))
+		return
+	}
+	if u.Role == api.RoleAdmin && s.admins() <= 1 {
+		writeErr(w, 0, lastAdminErr(u.Name, "removed"))
+		return
+	}
+	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.DeleteUser(u.ID); err != nil {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "user.deleted", Subject: u.Name, Message: fmt.Sprintf("%s removed user %s and its tokens", c.user.Name, u.Name)})
+	})
+	if err != nil {
+		writeErr(w, 0, storeErr(err))
+		return
+	}
+	s.amu.Lock()
+	delete(s.users, u.ID)
+	delete(s.byName, u.Name)
+	for id, t := range s.tokens {
+		if t.UserID == u.ID {
+			delete(s.tokens, id)
+		}
+	}
+	s.amu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]string{"deleted": u.Name})
+}
+
 func (s *Server) createJoinToken(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
 	body, err := readBody(r, maxBody)
 	if err != nil {
 		writeErr(w, 0, badRequest(err))
@@ -379,35 +463,77 @@ func (s *Server) createJoinToken(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.TTLSeconds < 0 || req.TTLSeconds > 365*24*3600 {
-		writeErr(w, http.StatusBadRequest, errors.New("ttl_s: want 0 (one day) to one year"))
+	if req.TTLSeconds < 0 || req.TTLSeconds > maxJoinTTL {
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("ttl_s %d: want 0 (one hour) to %d (one year)", req.TTLSeconds, maxJoinTTL))
 		return
 	}
-	ttl := 24 * time.Hour
-	if req.TTLSeconds > 0 {
-		ttl = time.Duration(req.TTLSeconds) * time.Second
+	if req.Uses < 0 || req.Uses > maxJoinUses {
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("uses %d: want 0 (one node) to %d", req.Uses, maxJoinUses))
+		return
 	}
-	id := randHex(6)
-	secret, hash := newSecret()
-	now := time.Now().UTC()
-	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
-		if err := tx.PutJoinToken(id, hash, now, now.Add(ttl)); err != nil {
-			return err
-		}
-		return tx.AddEvent(api.Event{Kind: "join-token.created", Subject: id, Message: "join token " + id + " valid until " + now.Add(ttl).Format(time.RFC3339)})
+	jt, err := s.newJoinToken(r.Context(), time.Duration(req.TTLSeconds)*time.Second, req.Uses, c.user.Name)
+	if err != nil {
+		writeErr(w, 0, storeErr(err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, jt)
+}
+
+func (s *Server) listJoinTokens(w http.ResponseWriter, r *http.Request) {
+	var rows []store.JoinTokenRow
+	err := s.st.View(r.Context(), func(tx *store.Tx) error {
+		var err error
+		rows, err = tx.JoinTokens()
+		return err
 	})
 	if err != nil {
 		writeErr(w, http.StatusInternalServerError, err)
 		return
 	}
-	tok := joinTokenPrefix + id + "_" + secret
-	writeJSON(w, http.StatusCreated, api.JoinToken{ID: id, Secret: tok, Expires: now.Add(ttl), Command: s.joinCommand(tok)})
+	out := []api.JoinToken{}
+	for _, t := range rows {
+		jt := api.JoinToken{ID: t.ID, Created: t.Created, Expires: t.Expires, Uses: t.Uses, Used: t.Used}
+		if !t.Revoked.IsZero() {
+			rv := t.Revoked
+			jt.Revoked = &rv
+		}
+		out = append(out, jt)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"join_tokens": out})
+}
+
+func (s *Server) revokeJoinToken(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	id := r.PathValue("id")
+	err := s.st.Update(r.Context(), func(tx *store.Tx) error {
+		if err := tx.RevokeJoinToken(id, time.Now().UTC()); err != nil {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "join-token.revoked", Subject: id, Message: c.user.Name + " revoked join token " + id})
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("join token %s not found (or revoked already)", id))
+		return
+	}
+	if err != nil {
+		writeErr(w, 0, storeErr(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"revoked": id})
 }
 
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
-	after, _ := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
-	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+	after, err := queryInt(r, "after", 0, math.MaxInt64, 0)
+	if err != nil {
+		writeErr(w, 0, err)
+		return
+	}
+	limit, err := queryInt(r, "limit", 0, 10000, 0)
+	if err != nil {
+		writeErr(w, 0, err)
+		return
+	}
 	var projects []string
 	if !c.admin() {
 		s.mu.Lock()
@@ -419,9 +545,9 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var evs []api.Event
-	err := s.st.View(r.Context(), func(tx *store.Tx) error {
+	err = s.st.View(r.Context(), func(tx *store.Tx) error {
 		var err error
-		evs, err = tx.Events(after, projects, limit)
+		evs, err = tx.Events(after, projects, int(limit))
 		return err
 	})
 	if err != nil {

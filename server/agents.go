@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -66,8 +67,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.answer(w, http.StatusOK, func() (any, uint64, error) {
-		if s.broken != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		if err := s.down(); err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
 		now := time.Now()
 		n := s.nodes[node]
@@ -378,9 +379,9 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		wait = 0
 	}
 	s.mu.Lock()
-	if s.broken != nil {
+	if err := s.down(); err != nil {
 		s.mu.Unlock()
-		writeErr(w, http.StatusServiceUnavailable, s.broken)
+		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
 	n = s.nodes[node]
@@ -487,8 +488,8 @@ func (s *Server) jobExit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.answer(w, http.StatusOK, func() (any, uint64, error) {
-		if s.broken != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		if err := s.down(); err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
 		js := s.jobs[id]
 		if js == nil || js.task(node) == nil {
@@ -522,6 +523,10 @@ func (s *Server) jobLogChunk(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	js := s.jobs[id]
 	ok := js != nil && js.task(node) != nil
+	project := ""
+	if ok {
+		project = js.j.Project
+	}
 	s.mu.Unlock()
 	if !ok {
 		var j *api.Job
@@ -534,9 +539,20 @@ func (s *Server) jobLogChunk(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, http.StatusNotFound, fmt.Errorf("job %s has no task on node %s", id, node))
 			return
 		}
+		project = j.Project
 	}
-	if err := s.logs.append(id, body); err != nil {
-		writeErr(w, http.StatusInternalServerError, err)
+	s.mu.Lock()
+	lim := s.limitsOf(project)
+	s.mu.Unlock()
+	if err := s.logs.append(id, project, body, lim.MaxLogBytesPerJob, lim.MaxLogBytes); err != nil {
+		switch {
+		case errors.Is(err, errLogLimit):
+			writeErr(w, http.StatusForbidden, fmt.Errorf("job %s: output dropped: %w; %s", id, err, raise(project, "max-log-bytes")))
+		case errors.Is(err, errDiskFull):
+			writeErr(w, http.StatusServiceUnavailable, err)
+		default:
+			writeErr(w, http.StatusInternalServerError, err)
+		}
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -574,7 +590,7 @@ func (s *Server) ticker(ctx context.Context) {
 func (s *Server) tick(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.broken != nil {
+	if s.down() != nil {
 		return
 	}
 	b := newBatch()

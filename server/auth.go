@@ -137,8 +137,6 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	admin := api.User{ID: "u-" + randHex(6), Name: "admin", Role: api.RoleAdmin, Created: now, Projects: []string{"default"}}
 	tokID := randHex(6)
 	secret, hash := newSecret()
-	joinID := randHex(6)
-	jsecret, jhash := newSecret()
 	def := api.Project{Name: "default", Weight: 1, PeriodSeconds: 30 * 24 * 3600}
 	err := s.st.Update(ctx, func(tx *store.Tx) error {
 		if err := tx.PutUser(admin); err != nil {
@@ -153,10 +151,7 @@ func (s *Server) bootstrap(ctx context.Context) error {
 		if err := tx.PutToken(store.TokenRow{ID: tokID, UserID: admin.ID, Name: "bootstrap", Hash: hash, Created: now}); err != nil {
 			return err
 		}
-		if err := tx.PutJoinToken(joinID, jhash, now, now.Add(7*24*time.Hour)); err != nil {
-			return err
-		}
-		return tx.AddEvent(api.Event{Kind: "server.created", Subject: "server", Message: "first start: admin user, default project and a join token created"})
+		return tx.AddEvent(api.Event{Kind: "server.created", Subject: "server", Message: "first start: admin user and default project created"})
 	})
 	if err != nil {
 		return fmt.Errorf("first start: %w", err)
@@ -166,8 +161,11 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	s.tokens[tokID] = &tokenInfo{store.TokenRow{ID: tokID, UserID: admin.ID, Hash: hash, Created: now}}
 	s.amu.Unlock()
 	s.projects["default"] = &projState{p: def, recentAt: now, period: periodStart(now, def.PeriodSeconds)}
-	join := joinTokenPrefix + joinID + "_" + jsecret
-	s.Bootstrap = &Bootstrap{AdminToken: apiTokenPrefix + tokID + "_" + secret, JoinToken: join, JoinCommand: s.joinCommand(join)}
+	jt, err := s.newJoinToken(ctx, defaultJoinTTL, 1, "first start")
+	if err != nil {
+		return fmt.Errorf("first start: %w", err)
+	}
+	s.Bootstrap = &Bootstrap{AdminToken: apiTokenPrefix + tokID + "_" + secret, JoinToken: jt.Secret, JoinCommand: jt.Command, JoinExpires: jt.Expires}
 	return nil
 }
 
@@ -179,43 +177,74 @@ func (s *Server) joinCommand(token string) string {
 	return fmt.Sprintf("kiln join %s --token %s --ca-sha256 %s", u, token, s.CAFingerprint())
 }
 
-// checkJoinToken validates a join token.
-func (s *Server) checkJoinToken(ctx context.Context, tok string) error {
+// Join tokens are single-use and valid for an hour unless asked otherwise.
+const (
+	defaultJoinTTL = time.Hour
+	maxJoinUses    = 100000
+)
+
+// useJoinToken checks a join token and takes one of its uses; s.mu is held
+// (two joins cannot race for the last use). The refusal says why.
+func (s *Server) useJoinToken(ctx context.Context, tok string, now time.Time) error {
 	id, secret, ok := splitToken(tok, joinTokenPrefix)
 	if !ok {
 		return errors.New("join token: not a kiln join token (kjoin_...)")
 	}
-	var hash []byte
-	var exp time.Time
-	err := s.st.View(ctx, func(tx *store.Tx) error {
+	var row store.JoinTokenRow
+	used := false
+	err := s.st.Update(ctx, func(tx *store.Tx) error {
 		var err error
-		hash, exp, err = tx.JoinToken(id)
-		return err
+		if row, err = tx.JoinToken(id); err != nil {
+			return err
+		}
+		if !hashMatches(secret, row.Hash) {
+			return store.ErrNotFound
+		}
+		if used, err = tx.UseJoinToken(id, now); err != nil || !used {
+			return err
+		}
+		return tx.AddEvent(api.Event{Kind: "join-token.used", Subject: id, Message: fmt.Sprintf("join token %s used (%d of %d)", id, row.Used+1, row.Uses)})
 	})
-	if err != nil || !hashMatches(secret, hash) {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
 		return errors.New("join token: unknown or wrong")
+	case err != nil:
+		return storeErr(err)
+	case used:
+		return nil
+	case !row.Revoked.IsZero():
+		return fmt.Errorf("join token %s: revoked at %s; make a new one with 'kiln token join'", id, row.Revoked.Format(time.RFC3339))
+	case !now.Before(row.Expires):
+		return fmt.Errorf("join token %s: expired at %s; make a new one with 'kiln token join'", id, row.Expires.Format(time.RFC3339))
 	}
-	if time.Now().After(exp) {
-		return fmt.Errorf("join token: expired at %s; make a new one with 'kiln token join'", exp.Format(time.RFC3339))
-	}
-	return nil
+	return fmt.Errorf("join token %s: used up (it joined %d nodes, all it may); make a new one with 'kiln token join' (--uses N for several nodes)", id, row.Used)
 }
 
-// CreateJoinToken makes a join token valid for ttl, for callers in the same
-// process (kiln up); the API's POST /v1/join-tokens does the same.
-func (s *Server) CreateJoinToken(ctx context.Context, ttl time.Duration) (api.JoinToken, error) {
+// newJoinToken makes a join token valid for ttl and uses joins.
+func (s *Server) newJoinToken(ctx context.Context, ttl time.Duration, uses int, by string) (api.JoinToken, error) {
+	if ttl <= 0 {
+		ttl = defaultJoinTTL
+	}
+	uses = max(uses, 1)
 	id := randHex(6)
 	secret, hash := newSecret()
 	now := time.Now().UTC()
 	err := s.st.Update(ctx, func(tx *store.Tx) error {
-		if err := tx.PutJoinToken(id, hash, now, now.Add(ttl)); err != nil {
+		if err := tx.PutJoinToken(store.JoinTokenRow{ID: id, Hash: hash, Created: now, Expires: now.Add(ttl), Uses: uses}); err != nil {
 			return err
 		}
-		return tx.AddEvent(api.Event{Kind: "join-token.created", Subject: id, Message: "join token " + id + " valid until " + now.Add(ttl).Format(time.RFC3339)})
+		return tx.AddEvent(api.Event{Kind: "join-token.created", Subject: id, Message: fmt.Sprintf("%s made join token %s for %d nodes, valid until %s", by, id, uses, now.Add(ttl).Format(time.RFC3339))})
 	})
 	if err != nil {
 		return api.JoinToken{}, err
 	}
 	tok := joinTokenPrefix + id + "_" + secret
-	return api.JoinToken{ID: id, Secret: tok, Expires: now.Add(ttl), Command: s.joinCommand(tok)}, nil
+	return api.JoinToken{ID: id, Secret: tok, Created: now, Expires: now.Add(ttl), Command: s.joinCommand(tok), Uses: uses}, nil
+}
+
+// CreateJoinToken makes a single-use join token valid for ttl (0: one
+// hour), for callers in the same process (kiln up); the API's POST
+// /v1/join-tokens does the same.
+func (s *Server) CreateJoinToken(ctx context.Context, ttl time.Duration) (api.JoinToken, error) {
+	return s.newJoinToken(ctx, ttl, 1, "the server")
 }

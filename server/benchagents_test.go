@@ -29,6 +29,13 @@ const benchAgentsEnv = "KILN_BENCH_AGENTS"
 // TestMain runs the tests, or the benchmark's agent process when the
 // benchmark started this binary as one.
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(heldServerEnv); dir != "" {
+		if err := runHeldServer(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "server process:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if cfg := os.Getenv(benchAgentsEnv); cfg != "" {
 		if err := runAgents(cfg, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "benchmark agents:", err)

@@ -26,16 +26,22 @@ type authority struct {
 	pem  []byte
 }
 
-func loadOrCreateCA(dir string) (*authority, error) {
-	certPath, keyPath := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
-	certPEM, err1 := os.ReadFile(certPath)
-	keyPEM, err2 := os.ReadFile(keyPath)
-	if err1 == nil && err2 == nil {
-		return parseCA(certPEM, keyPEM)
+// loadCA reads the CA's certificate and key.
+func loadCA(certPath, keyPath string) (*authority, error) {
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, err
 	}
-	if !errors.Is(err1, os.ErrNotExist) && err1 != nil {
-		return nil, err1
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, err
 	}
+	return parseCA(certPEM, keyPEM)
+}
+
+// createCA makes a new CA in dir; the caller made sure there was none.
+func createCA(dir string) (*authority, error) {
+	certPath, keyPath := filepath.Join(dir, caCertFile), filepath.Join(dir, caKeyFile)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -59,8 +65,8 @@ func loadOrCreateCA(dir string) (*authority, error) {
 	if err != nil {
 		return nil, err
 	}
-	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
 		return nil, err
 	}
@@ -83,6 +89,9 @@ func parseCA(certPEM, keyPEM []byte) (*authority, error) {
 	key, err := x509.ParseECPrivateKey(kb.Bytes)
 	if err != nil {
 		return nil, fmt.Errorf("ca.key: %w", err)
+	}
+	if !key.PublicKey.Equal(cert.PublicKey) {
+		return nil, errors.New("ca.key is not the key of ca.crt")
 	}
 	return &authority{cert: cert, key: key, pem: certPEM}, nil
 }

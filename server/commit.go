@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"kiln.dev/kiln/store"
 )
@@ -17,8 +19,16 @@ import (
 // waits for); the others wait for that transaction or the next. The store
 // costs one transaction per burst, not per request, and nobody holds the
 // server's lock while SQLite writes.
+//
+// A transaction that fails (a full disk) is rolled back whole; its changes
+// go back to the head of the queue and the background writer tries again
+// every retry interval. Meanwhile waiters get the error (the server answers
+// 503) and the server takes no new change; once a write succeeds, the
+// store holds everything in the order it was made and the server goes on.
 type committer struct {
-	st *store.Store
+	st    *store.Store
+	log   *slog.Logger
+	retry time.Duration
 
 	mu      sync.Mutex
 	more    *sync.Cond // the background writer waits for work
@@ -27,26 +37,25 @@ type committer struct {
 	queued  uint64 // sequence number of the last change handed over
 	done    uint64 // ... and of the last one durable
 	writing bool   // a transaction is under way
-	err     error  // the store failed: nothing more is written
+	err     error  // the last transaction failed: the store cannot write now
 	closed  bool
+	stop    chan struct{}
 	exited  chan struct{}
 }
 
-func newCommitter(st *store.Store) *committer {
-	c := &committer{st: st, exited: make(chan struct{})}
+func newCommitter(st *store.Store, log *slog.Logger) *committer {
+	c := &committer{st: st, log: log, retry: time.Second, stop: make(chan struct{}), exited: make(chan struct{})}
 	c.more = sync.NewCond(&c.mu)
 	c.written = sync.NewCond(&c.mu)
 	go c.run()
 	return c
 }
 
-// enqueue hands over changes and returns their sequence number.
+// enqueue hands over changes and returns their sequence number; while the
+// store cannot write they wait in the queue.
 func (c *committer) enqueue(w *store.Writes) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err != nil {
-		return 0, c.err
-	}
 	if c.closed {
 		return 0, fmt.Errorf("server closed")
 	}
@@ -56,21 +65,25 @@ func (c *committer) enqueue(w *store.Writes) (uint64, error) {
 	return c.queued, nil
 }
 
-// wait returns once the changes up to seq are durable, or the store failed.
+// wait returns once the changes up to seq are durable, or at once with the
+// store's error while it cannot write.
 func (c *committer) wait(seq uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.done < seq && c.err == nil {
+	for c.done < seq {
+		if c.err != nil {
+			return c.err
+		}
+		if c.closed && !c.writing && len(c.queue) == 0 {
+			return fmt.Errorf("server closed")
+		}
 		if !c.writing && len(c.queue) > 0 {
 			c.write()
 			continue
 		}
 		c.written.Wait()
 	}
-	if c.done >= seq {
-		return nil
-	}
-	return c.err
+	return nil
 }
 
 // write writes everything queued in one transaction; c.mu is held and let
@@ -84,40 +97,61 @@ func (c *committer) write() {
 	c.mu.Lock()
 	c.writing = false
 	if err != nil {
-		c.err = fmt.Errorf("the store failed, kiln server changes nothing more until restarted: %w", err)
-		c.queue = nil
+		if c.err == nil {
+			c.log.Error("the store cannot write: kiln server answers 503 to changes and tries again every second", "err", err)
+		}
+		c.err = fmt.Errorf("the store cannot write (is the disk full?); kiln server takes no change until it can, and tries again every %s: %w", c.retry, err)
+		c.queue = append(ws, c.queue...)
 	} else {
+		if c.err != nil {
+			c.log.Warn("the store writes again: kiln server takes changes again")
+		}
+		c.err = nil
 		c.done = upto
 	}
 	c.written.Broadcast()
 	c.more.Signal() // more may have come meanwhile
 }
 
-// failed is the store's error, if it failed.
+// failed is the store's error while it cannot write.
 func (c *committer) failed() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
 }
 
-// run writes the changes nobody waits for (the ticker's).
+// run writes the changes nobody waits for (the ticker's), and tries again
+// after a failed write.
 func (c *committer) run() {
 	defer close(c.exited)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
-		for (len(c.queue) == 0 || c.writing) && !c.closed && c.err == nil {
+		for (len(c.queue) == 0 || c.writing) && !c.closed {
 			c.more.Wait()
-		}
-		if c.err != nil {
-			return
-		}
-		if len(c.queue) == 0 && !c.writing {
-			return // closed and nothing left
 		}
 		if c.writing {
 			c.written.Wait()
 			continue
+		}
+		if len(c.queue) == 0 {
+			return // closed and nothing left
+		}
+		if c.err != nil {
+			c.mu.Unlock()
+			t := time.NewTimer(c.retry)
+			select {
+			case <-t.C:
+			case <-c.stop:
+			}
+			t.Stop()
+			c.mu.Lock()
+			if c.closed && c.err != nil {
+				return // closing while the store cannot write: give up
+			}
+			if c.writing || len(c.queue) == 0 {
+				continue
+			}
 		}
 		c.write()
 	}
@@ -127,6 +161,7 @@ func (c *committer) run() {
 func (c *committer) close() {
 	c.mu.Lock()
 	c.closed = true
+	close(c.stop)
 	c.more.Signal()
 	c.mu.Unlock()
 	<-c.exited

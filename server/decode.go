@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"kiln.dev/kiln/server/api"
@@ -18,6 +19,16 @@ const (
 	maxBody         = 1 << 20  // requests
 	maxSnapshotBody = 16 << 20 // an agent's snapshot
 	maxLogChunk     = 1 << 20  // one chunk of job output
+	maxUnauthBody   = 64 << 10 // a request without credentials (join)
+)
+
+// Bounds of durations given in seconds: each is far below what a
+// time.Duration holds (292 years), so adding one to a time never overflows.
+const (
+	maxTokenTTL   = 10 * 365 * 24 * 3600 // an API token: ten years
+	maxJoinTTL    = 365 * 24 * 3600      // a join token: one year
+	maxPeriod     = 10 * 365 * 24 * 3600 // a project's quota period: ten years
+	maxTimeLimitS = 365 * 24 * 3600      // a lease's time limit: one year
 )
 
 // errTooLarge is answered with 413.
@@ -148,7 +159,7 @@ func checkLeaseRequest(r *api.LeaseRequest) error {
 	}
 	if r.Fraction != 0 {
 		kinds++
-		if math.IsNaN(r.Fraction) || r.Fraction <= 0 || r.Fraction >= 1 {
+		if !finite(r.Fraction) || r.Fraction <= 0 || r.Fraction >= 1 {
 			return fmt.Errorf("fraction %v: want more than 0 and less than 1 (ask for whole GPUs with gpus)", r.Fraction)
 		}
 		if r.Fraction < 0.001 {
@@ -168,8 +179,8 @@ func checkLeaseRequest(r *api.LeaseRequest) error {
 	if r.MemoryBytes != 0 && r.Fraction == 0 {
 		return errors.New("memory_bytes is for a fraction; for whole GPUs use constraints.min_memory_bytes")
 	}
-	if r.TimeLimitSeconds < 0 || r.TimeLimitSeconds > 365*24*3600 {
-		return fmt.Errorf("time_limit_s %d: want 0 (the default) to one year", r.TimeLimitSeconds)
+	if r.TimeLimitSeconds < 0 || r.TimeLimitSeconds > maxTimeLimitS {
+		return fmt.Errorf("time_limit_s %d: want 0 (the default) to %d (one year)", r.TimeLimitSeconds, maxTimeLimitS)
 	}
 	if r.Priority < -1000 || r.Priority > 1000 {
 		return fmt.Errorf("priority %d: want -1000 to 1000", r.Priority)
@@ -237,6 +248,38 @@ func checkJobSpec(j *api.JobSpec) error {
 	return nil
 }
 
+// finite reports whether f is a number: not NaN, not an infinity (NaN
+// fails every comparison, so a range check alone lets it through).
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// queryFloat reads a query parameter as a number in [lo, hi]; def when
+// absent.
+func queryFloat(r *http.Request, name string, lo, hi, def float64) (float64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !finite(f) || f < lo || f > hi {
+		return 0, &httpError{http.StatusBadRequest, fmt.Errorf("%s=%s: want a number from %g to %g", name, trunc(v), lo, hi)}
+	}
+	return f, nil
+}
+
+// queryInt reads a query parameter as an integer in [lo, hi]; def when
+// absent.
+func queryInt(r *http.Request, name string, lo, hi, def int64) (int64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lo || n > hi {
+		return 0, &httpError{http.StatusBadRequest, fmt.Errorf("%s=%s: want an integer from %d to %d", name, trunc(v), lo, hi)}
+	}
+	return n, nil
+}
+
 func trunc(s string) string {
 	if len(s) > 40 {
 		return s[:40] + "..."
@@ -264,8 +307,8 @@ func parseTokenRequest(b []byte) (api.TokenRequest, error) {
 	if len(r.Projects) > 256 || len(r.Name) > 128 {
 		return r, errors.New("too many projects or name too long")
 	}
-	if r.TTLSeconds < 0 {
-		return r, errors.New("ttl_s: want 0 (no expiry) or more")
+	if r.TTLSeconds < 0 || r.TTLSeconds > maxTokenTTL {
+		return r, fmt.Errorf("ttl_s %d: want 0 (no expiry) to %d (ten years)", r.TTLSeconds, maxTokenTTL)
 	}
 	return r, nil
 }
@@ -279,11 +322,26 @@ func parseProject(b []byte) (api.Project, error) {
 	if !validName(p.Name) {
 		return p, fmt.Errorf("name %q: want lowercase letters, digits, '.', '_' or '-'", trunc(p.Name))
 	}
-	if math.IsNaN(p.Weight) || p.Weight < 0 || p.Weight > 1e6 || math.IsNaN(p.MaxGPUs) || p.MaxGPUs < 0 || p.MaxGPUs > 1e6 || math.IsNaN(p.GPUHours) || p.GPUHours < 0 || p.GPUHours > 1e12 {
-		return p, errors.New("weight, max_gpus and gpu_hours must be between 0 and a million (GPU-hours: a trillion)")
+	for _, f := range []struct {
+		name     string
+		v, limit float64
+	}{{"weight", p.Weight, 1e6}, {"max_gpus", p.MaxGPUs, 1e6}, {"gpu_hours", p.GPUHours, 1e12}} {
+		if !finite(f.v) || f.v < 0 || f.v > f.limit {
+			return p, fmt.Errorf("%s %v: want 0 to %g", f.name, f.v, f.limit)
+		}
 	}
-	if p.PeriodSeconds < 0 {
-		return p, errors.New("period_s: want 0 (30 days) or more")
+	if p.PeriodSeconds < 0 || p.PeriodSeconds > maxPeriod {
+		return p, fmt.Errorf("period_s %d: want 0 (30 days) to %d (ten years)", p.PeriodSeconds, maxPeriod)
+	}
+	l := p.Limits
+	for _, f := range []struct {
+		name     string
+		v, limit int64
+	}{{"max_queued", int64(l.MaxQueued), 1e6}, {"max_queued_per_user", int64(l.MaxQueuedPerUser), 1e6}, {"max_jobs_per_lease", int64(l.MaxJobsPerLease), 1e6},
+		{"max_env_bytes", int64(l.MaxEnvBytes), 1 << 30}, {"max_log_bytes_per_job", l.MaxLogBytesPerJob, 1 << 50}, {"max_log_bytes", l.MaxLogBytes, 1 << 50}} {
+		if f.v < 0 || f.v > f.limit {
+			return p, fmt.Errorf("limits.%s %d: want 0 (the server's default) to %d", f.name, f.v, f.limit)
+		}
 	}
 	return p, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -30,8 +29,8 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.answer(w, http.StatusCreated, func() (any, uint64, error) {
-		if s.broken != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		if err := s.down(); err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
 		if req.Project == "" {
 			ps := append([]string(nil), c.user.Projects...)
@@ -43,8 +42,19 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		if _, ok := s.projects[req.Project]; !ok {
 			return nil, 0, errStatus(http.StatusNotFound, "project %s does not exist", req.Project)
 		}
+		if max := s.cfg.MaxTimeLimit; time.Duration(req.TimeLimitSeconds)*time.Second > max {
+			return nil, 0, errStatus(http.StatusBadRequest, "time_limit_s %d: this server allows at most %s (%d s)", req.TimeLimitSeconds, max, int64(max/time.Second))
+		}
 		if !c.canSee(req.Project) {
 			return nil, 0, errStatus(http.StatusForbidden, "you are not a member of project %s", req.Project)
+		}
+		if err := s.queueRoom(req.Project, c.user.Name); err != nil {
+			return nil, 0, err
+		}
+		if req.Job != nil {
+			if err := s.jobRoom(req.Project, req.Job, 0); err != nil {
+				return nil, 0, err
+			}
 		}
 		now := time.Now()
 		l := &api.Lease{ID: newID("l-"), Project: req.Project, User: c.user.Name, State: api.LeaseQueued, Request: req, CreatedAt: now.UTC()}
@@ -264,14 +274,10 @@ func (s *Server) leaseByID(r *http.Request, id string) (*api.Lease, bool, error)
 
 func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	wait := 0.0
-	if v := r.URL.Query().Get("wait_s"); v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f < 0 || f > 300 {
-			writeErr(w, http.StatusBadRequest, errors.New("wait_s: want 0 to 300 seconds"))
-			return
-		}
-		wait = f
+	wait, err := queryFloat(r, "wait_s", 0, 300, 0)
+	if err != nil {
+		writeErr(w, 0, err)
+		return
 	}
 	since := r.URL.Query().Get("since")
 	deadline := time.Now().Add(time.Duration(wait * float64(time.Second)))
@@ -385,8 +391,8 @@ func (s *Server) cancelLease(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	id := r.PathValue("id")
 	s.answer(w, http.StatusOK, func() (any, uint64, error) {
-		if s.broken != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		if err := s.down(); err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
 		l, live, err := s.leaseByID(r, id)
 		if err != nil {
@@ -434,8 +440,8 @@ func (s *Server) addJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.answer(w, http.StatusCreated, func() (any, uint64, error) {
-		if s.broken != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, s.broken)
+		if err := s.down(); err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
 		l, live, err := s.leaseByID(r, id)
 		if err != nil {
@@ -445,6 +451,9 @@ func (s *Server) addJob(w http.ResponseWriter, r *http.Request) {
 			return nil, 0, errStatus(http.StatusConflict, "lease %s is %s: jobs run only in a queued or granted lease", id, l.State)
 		}
 		ls := s.leases[id]
+		if err := s.jobRoom(l.Project, &spec, len(ls.jobs)); err != nil {
+			return nil, 0, err
+		}
 		now := time.Now()
 		j := &api.Job{ID: newID("j-"), LeaseID: id, Project: l.Project, State: api.JobPending, Spec: spec, Created: now.UTC()}
 		js := &jobState{j: j, lease: ls}

@@ -74,10 +74,10 @@ func (s *Server) flush(b *batch) (uint64, error) {
 	if s.broken != nil {
 		return 0, s.broken
 	}
-	if err := s.cm.failed(); err != nil {
-		s.broken = err
-		return 0, err
-	}
+	// While the store cannot write (its disk is full), the changes are
+	// queued all the same: they are in memory already, and the store gets
+	// them in order once it writes again. The caller's durable() answers
+	// the error (503) meanwhile; handlers refuse new changes (down).
 	if b.empty() {
 		// Nothing new, but the answer may show changes still being written.
 		return s.wseq, nil
@@ -115,13 +115,26 @@ func (s *Server) flush(b *batch) (uint64, error) {
 		seq, err = s.cm.enqueue(w)
 	}
 	if err != nil {
-		s.broken = fmt.Errorf("the store failed, kiln server changes nothing more until restarted: %w", err)
+		s.broken = fmt.Errorf("the server's changes cannot be encoded, it changes nothing more until restarted: %w", err)
 		s.log.Error("store write failed", "err", err)
 		return 0, s.broken
 	}
 	s.wseq = seq
 	s.notify()
 	return seq, nil
+}
+
+// down says why the server takes no change now: it is closed or broken,
+// or its store cannot write (that passes); nil when it takes them. s.mu is
+// held.
+func (s *Server) down() error {
+	if s.broken != nil {
+		return s.broken
+	}
+	if s.cm != nil {
+		return s.cm.failed()
+	}
+	return nil
 }
 
 // durable waits until the changes up to seq are written.

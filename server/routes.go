@@ -1,11 +1,16 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
+	"time"
 
 	"kiln.dev/kiln/server/api"
 )
@@ -44,10 +49,15 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/projects", authUser, s.listProjects},
 		{"PUT", "/v1/projects/{name}", authAdmin, s.putProject},
 		{"GET", "/v1/users", authAdmin, s.listUsers},
+		{"DELETE", "/v1/users/{name}", authAdmin, s.deleteUser},
 		{"GET", "/v1/tokens", authUser, s.listTokens},
 		{"POST", "/v1/tokens", authUser, s.createToken},
 		{"DELETE", "/v1/tokens/{id}", authUser, s.deleteToken},
 		{"POST", "/v1/join-tokens", authAdmin, s.createJoinToken},
+		{"GET", "/v1/join-tokens", authAdmin, s.listJoinTokens},
+		{"DELETE", "/v1/join-tokens/{id}", authAdmin, s.revokeJoinToken},
+		{"DELETE", "/v1/nodes/{id}", authAdmin, s.forgetNode},
+		{"POST", "/v1/nodes/{id}/replace", authAdmin, s.replaceNode},
 		{"GET", "/v1/events", authUser, s.listEvents},
 		{"POST", "/v1/join", authJoin, s.join},
 		{"PUT", "/v1/agent/nodes/{node}", authAgent, s.register},
@@ -55,6 +65,19 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/exit", authAgent, s.jobExit},
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/logs", authAgent, s.jobLogChunk},
 	}
+}
+
+// bodyLimit is the most a route's request body may hold.
+func bodyLimit(rt route) int64 {
+	switch rt.path {
+	case "/v1/agent/nodes/{node}":
+		return maxSnapshotBody
+	case "/v1/agent/nodes/{node}/jobs/{job}/logs":
+		return maxLogChunk
+	case "/healthz", "/v1/join":
+		return maxUnauthBody
+	}
+	return maxBody
 }
 
 // Handler is the API.
@@ -65,27 +88,41 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if s.authenticate(r) == nil {
+			if s.limited(w, r) {
+				return
+			}
 			writeErr(w, http.StatusUnauthorized, errors.New("a bearer token or an agent certificate is required"))
 			return
 		}
+		proveConn(r)
 		writeErr(w, http.StatusNotFound, fmt.Errorf("%s %s: no such endpoint (see server/openapi.yaml)", r.Method, r.URL.Path))
 	})
 	return mux
 }
 
-// guard checks who calls before the handler runs.
+// guard checks who calls before the handler runs, then reads the body
+// (bounded in size and in time). Requests without credentials, and those
+// whose credentials fail, are rate-limited per source address.
 func (s *Server) guard(rt route) http.HandlerFunc {
+	limit := bodyLimit(rt)
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch rt.auth {
 		case authNone, authJoin:
+			if s.limited(w, r) || !s.readBodyFirst(w, r, limit) {
+				return
+			}
 			rt.h(w, r)
 			return
 		}
 		c := s.authenticate(r)
 		if c == nil {
+			if s.limited(w, r) {
+				return
+			}
 			writeErr(w, http.StatusUnauthorized, errors.New("a valid bearer token or agent certificate is required"))
 			return
 		}
+		proveConn(r)
 		switch rt.auth {
 		case authUser, authAdmin:
 			if c.user == nil {
@@ -106,8 +143,50 @@ func (s *Server) guard(rt route) http.HandlerFunc {
 				return
 			}
 		}
+		if !s.readBodyFirst(w, r, limit) {
+			return
+		}
 		rt.h(w, r.WithContext(withCaller(r, c)))
 	}
+}
+
+// readBodyFirst reads the whole request body before the handler runs, at
+// most limit bytes within the body timeout, so that no handler waits on a
+// client that sends slowly; the handler reads it from memory. It answers
+// 408 or 413 and returns false when the body is late or too large.
+func (s *Server) readBodyFirst(w http.ResponseWriter, r *http.Request, limit int64) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return true
+	}
+	rc := http.NewResponseController(w)
+	if r.ContentLength > limit {
+		_ = rc.SetReadDeadline(time.Now())
+		w.Header().Set("Connection", "close")
+		writeErr(w, http.StatusRequestEntityTooLarge, fmt.Errorf("%w: at most %d bytes here", errTooLarge, limit))
+		return false
+	}
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err == nil && int64(len(b)) <= limit {
+		_ = rc.SetReadDeadline(time.Time{}) // long polls may follow
+		r.Body.Close()
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		return true
+	}
+	// The connection is dropped after the answer; the read deadline stays
+	// (expired, or soon), so that nothing waits for the rest of the body.
+	_ = rc.SetReadDeadline(time.Now())
+	w.Header().Set("Connection", "close")
+	var ne net.Error
+	switch {
+	case err == nil:
+		writeErr(w, http.StatusRequestEntityTooLarge, fmt.Errorf("%w: at most %d bytes here", errTooLarge, limit))
+	case errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded):
+		writeErr(w, http.StatusRequestTimeout, fmt.Errorf("the request body did not arrive within %s", s.cfg.BodyTimeout))
+	default:
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("reading the request: %w", err))
+	}
+	return false
 }
 
 type httpError struct {
@@ -192,7 +271,7 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	broken := s.broken
+	broken := s.down()
 	s.mu.Unlock()
 	if broken != nil {
 		writeErr(w, http.StatusServiceUnavailable, broken)

@@ -9,6 +9,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -56,6 +57,25 @@ type Config struct {
 	// Placer picks devices; a SchedPlacer when nil (FirstFit is the
 	// simple alternative).
 	Placer Placer
+	// BodyTimeout bounds the time a request's body may take to arrive
+	// (default 30s); headers have 10s.
+	BodyTimeout time.Duration
+	// UnauthRate and UnauthBurst rate-limit, per source address, the
+	// requests without valid credentials (/healthz, join, failed tokens):
+	// UnauthRate a second, bursts of UnauthBurst (defaults 10 and 40).
+	UnauthRate  float64
+	UnauthBurst int
+	// MaxUnprovenConns and MaxConnsPerSource bound the connections that
+	// no authenticated request has used yet, in all and per source address
+	// (defaults 1024 and 64, and a quarter of the descriptor limit at
+	// most); the oldest is closed to make room.
+	MaxUnprovenConns  int
+	MaxConnsPerSource int
+	// Limits are the defaults of the per-project limits (api.Limits), for
+	// the projects that set none: 1000 queued leases, 100 per member, 1000
+	// jobs per lease, 256 KiB of environment, 1 GiB of log per job and
+	// 50 GiB per project.
+	Limits api.Limits
 	// Images says whether an image runs on a node; nil: not checked.
 	Images ImageChecker
 	KB     *kb.KB
@@ -68,6 +88,31 @@ type ImageChecker interface {
 	Runs(ctx context.Context, image string, node *snapshot.Snapshot) (ok bool, reason string, err error)
 }
 
+// check refuses a configuration that contradicts itself; zero values
+// take the defaults.
+func (c *Config) check() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"heartbeat timeout", c.HeartbeatTimeout}, {"default time limit", c.DefaultTimeLimit}, {"maximum time limit", c.MaxTimeLimit},
+		{"preemption grace", c.PreemptGrace}, {"fair-share window", c.FairShareWindow}} {
+		if d.v < 0 {
+			return fmt.Errorf("server configuration: the %s is negative (%s)", d.name, d.v)
+		}
+	}
+	if c.MaxTimeLimit > maxTimeLimitS*time.Second {
+		return fmt.Errorf("server configuration: the maximum time limit %s is above one year", c.MaxTimeLimit)
+	}
+	max := c.MaxTimeLimit
+	if max == 0 {
+		max = 7 * 24 * time.Hour
+	}
+	if c.DefaultTimeLimit > max {
+		return fmt.Errorf("server configuration: the default time limit %s is above the maximum %s", c.DefaultTimeLimit, max)
+	}
+	return nil
+}
+
 func (c *Config) defaults() {
 	if c.HeartbeatTimeout <= 0 {
 		c.HeartbeatTimeout = 30 * time.Second
@@ -78,15 +123,22 @@ func (c *Config) defaults() {
 	if c.MaxTimeLimit <= 0 {
 		c.MaxTimeLimit = 7 * 24 * time.Hour
 	}
-	if c.DefaultTimeLimit > c.MaxTimeLimit {
-		c.DefaultTimeLimit = c.MaxTimeLimit
-	}
 	if c.PreemptGrace <= 0 {
 		c.PreemptGrace = 30 * time.Second
 	}
 	if c.FairShareWindow <= 0 {
 		c.FairShareWindow = time.Hour
 	}
+	if c.BodyTimeout <= 0 {
+		c.BodyTimeout = 30 * time.Second
+	}
+	l := &c.Limits
+	l.MaxQueued = cmp.Or(l.MaxQueued, 1000)
+	l.MaxQueuedPerUser = cmp.Or(l.MaxQueuedPerUser, 100)
+	l.MaxJobsPerLease = cmp.Or(l.MaxJobsPerLease, 1000)
+	l.MaxEnvBytes = cmp.Or(l.MaxEnvBytes, 256<<10)
+	l.MaxLogBytesPerJob = cmp.Or(l.MaxLogBytesPerJob, 1<<30)
+	l.MaxLogBytes = cmp.Or(l.MaxLogBytes, 50<<30)
 	if c.KB == nil {
 		c.KB = kb.Default()
 	}
@@ -100,13 +152,14 @@ func (c *Config) defaults() {
 
 // Server is a running lease server.
 type Server struct {
-	cfg  Config
-	st   *store.Store
-	cm   *committer
-	ca   *authority
-	cert tls.Certificate
-	log  *slog.Logger
-	logs *logHub
+	cfg    Config
+	unauth *rateLimiter
+	st     *store.Store
+	cm     *committer
+	ca     *authority
+	cert   tls.Certificate
+	log    *slog.Logger
+	logs   *logHub
 
 	mu     sync.Mutex
 	broken error
@@ -149,6 +202,7 @@ type Server struct {
 
 	stop   context.CancelFunc
 	loopWG sync.WaitGroup
+	lock   *dirLock
 
 	// Bootstrap is filled on first start: the admin token and the join
 	// command, to print once.
@@ -157,9 +211,11 @@ type Server struct {
 
 // Bootstrap is what a first start creates.
 type Bootstrap struct {
-	AdminToken  string
+	AdminToken string
+	// JoinToken joins one node, until JoinExpires.
 	JoinToken   string
 	JoinCommand string
+	JoinExpires time.Time
 }
 
 type userInfo struct {
@@ -235,6 +291,9 @@ type jobState struct {
 
 // New opens (or creates) the data directory and loads the state.
 func New(ctx context.Context, cfg Config) (*Server, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	cfg.defaults()
 	if cfg.DataDir == "" {
 		return nil, errors.New("server: no data directory")
@@ -242,9 +301,23 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", cfg.DataDir, err)
 	}
-	ca, err := loadOrCreateCA(cfg.DataDir)
+	lock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
-		return nil, fmt.Errorf("certificate authority in %s: %w", cfg.DataDir, err)
+		return nil, err
+	}
+	s, err := newServer(ctx, cfg)
+	if err != nil {
+		lock.release()
+		return nil, err
+	}
+	s.lock = lock
+	return s, nil
+}
+
+func newServer(ctx context.Context, cfg Config) (*Server, error) {
+	st, ca, err := openState(ctx, cfg.DataDir, true)
+	if err != nil {
+		return nil, err
 	}
 	hosts := append([]string(nil), cfg.Hosts...)
 	if h, err := os.Hostname(); err == nil {
@@ -257,13 +330,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cert, err := ca.serverCert(hosts)
 	if err != nil {
-		return nil, err
-	}
-	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "kiln.db"))
-	if err != nil {
+		st.Close()
 		return nil, err
 	}
 	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger, started: time.Now(),
+		unauth:   newRateLimiter(cfg.UnauthRate, cfg.UnauthBurst),
 		logs:     newLogHub(filepath.Join(cfg.DataDir, "logs")),
 		agents:   map[string]*nodeState{},
 		users:    map[string]*userInfo{},
@@ -280,7 +351,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	s.cm = newCommitter(st)
+	s.cm = newCommitter(st, s.log)
 	lctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	s.loopWG.Add(1)
@@ -319,15 +390,20 @@ func (s *Server) TLSConfig() *tls.Config {
 // Serve answers on ln (TLS is added here) until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
-		Handler:           s.Handler(),
-		TLSConfig:         s.TLSConfig(),
+		Handler:   s.Handler(),
+		TLSConfig: s.TLSConfig(),
+		// The TLS handshake and the headers have 10s; bodies have
+		// BodyTimeout, set per request (readBodyFirst), so that long
+		// polls (heartbeats, lease waits, log follows) are not cut.
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+	gl := newGuardListener(ln, s.cfg.MaxUnprovenConns, s.cfg.MaxConnsPerSource)
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(tls.NewListener(ln, hs.TLSConfig)) }()
+	go func() { errc <- hs.Serve(tls.NewListener(gl, hs.TLSConfig)) }()
 	select {
 	case <-ctx.Done():
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -356,7 +432,9 @@ func (s *Server) Close() error {
 	if s.cm != nil {
 		s.cm.close()
 	}
-	return s.st.Close()
+	err := s.st.Close()
+	s.lock.release()
+	return err
 }
 
 // load reads the store into memory.
@@ -459,6 +537,11 @@ func (s *Server) load(ctx context.Context) error {
 				s.holding[l.ID] = ls
 			}
 		}
+		jp, err := tx.JobProjects()
+		if err != nil {
+			return err
+		}
+		s.logs.count(jp)
 		jobs, err := tx.Jobs(api.JobPending, api.JobAssigned, api.JobRunning)
 		if err != nil {
 			return err

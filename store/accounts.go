@@ -2,6 +2,7 @@ package store
 
 import (
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -59,6 +60,25 @@ func (t *Tx) Users() ([]api.User, error) {
 	return out, nil
 }
 
+// DeleteUser removes a user with its tokens and memberships;
+// ErrNotFound when there was none.
+func (t *Tx) DeleteUser(id string) error {
+	if err := t.exec(`DELETE FROM tokens WHERE user_id=?`, id); err != nil {
+		return err
+	}
+	if err := t.exec(`DELETE FROM members WHERE user_id=?`, id); err != nil {
+		return err
+	}
+	res, err := t.tx.ExecContext(t.ctx, `DELETE FROM users WHERE id=?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("user %s: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
 // UserByName finds a user.
 func (t *Tx) UserByName(name string) (api.User, error) {
 	users, err := t.Users()
@@ -98,23 +118,32 @@ func (t *Tx) PutProject(p api.Project) error {
 	if p.PeriodSeconds <= 0 {
 		p.PeriodSeconds = 30 * 24 * 3600
 	}
-	return t.exec(`INSERT INTO projects(name,weight,max_gpus,gpu_hours,period_s,created_at) VALUES(?,?,?,?,?,?)
-ON CONFLICT(name) DO UPDATE SET weight=excluded.weight, max_gpus=excluded.max_gpus, gpu_hours=excluded.gpu_hours, period_s=excluded.period_s`,
-		p.Name, p.Weight, p.MaxGPUs, p.GPUHours, p.PeriodSeconds, timeText(time.Now()))
+	limits, err := json.Marshal(p.Limits)
+	if err != nil {
+		return err
+	}
+	return t.exec(`INSERT INTO projects(name,weight,max_gpus,gpu_hours,period_s,created_at,limits) VALUES(?,?,?,?,?,?,?)
+ON CONFLICT(name) DO UPDATE SET weight=excluded.weight, max_gpus=excluded.max_gpus, gpu_hours=excluded.gpu_hours, period_s=excluded.period_s, limits=excluded.limits`,
+		p.Name, p.Weight, p.MaxGPUs, p.GPUHours, p.PeriodSeconds, timeText(time.Now()), string(limits))
 }
 
 // Projects lists projects with their members' names.
 func (t *Tx) Projects() ([]api.Project, error) {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT name,weight,max_gpus,gpu_hours,period_s FROM projects ORDER BY name`)
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT name,weight,max_gpus,gpu_hours,period_s,limits FROM projects ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
 	var out []api.Project
 	for rows.Next() {
 		var p api.Project
-		if err := rows.Scan(&p.Name, &p.Weight, &p.MaxGPUs, &p.GPUHours, &p.PeriodSeconds); err != nil {
+		var limits string
+		if err := rows.Scan(&p.Name, &p.Weight, &p.MaxGPUs, &p.GPUHours, &p.PeriodSeconds, &limits); err != nil {
 			rows.Close()
 			return nil, err
+		}
+		if err := json.Unmarshal([]byte(limits), &p.Limits); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("project %s: limits: %w", p.Name, err)
 		}
 		out = append(out, p)
 	}
@@ -182,17 +211,84 @@ func (t *Tx) DeleteToken(id string) error {
 	return nil
 }
 
-// PutJoinToken stores a join token's hash.
-func (t *Tx) PutJoinToken(id string, hash []byte, created, expires time.Time) error {
-	return t.exec(`INSERT INTO join_tokens(id,hash,created_at,expires_at) VALUES(?,?,?,?)`, id, hash, timeText(created), timeText(expires))
+// JoinTokenRow is a stored join token: only the hash of its secret is
+// kept. It joins Uses nodes at most, until Expires.
+type JoinTokenRow struct {
+	ID      string
+	Hash    []byte
+	Created time.Time
+	Expires time.Time
+	Uses    int
+	Used    int
+	Revoked time.Time // zero: not revoked
 }
 
-// JoinToken returns a join token's hash and expiry.
-func (t *Tx) JoinToken(id string) (hash []byte, expires time.Time, err error) {
-	var exp string
-	err = t.tx.QueryRowContext(t.ctx, `SELECT hash,expires_at FROM join_tokens WHERE id=?`, id).Scan(&hash, &exp)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, time.Time{}, fmt.Errorf("join token %s: %w", id, ErrNotFound)
+// PutJoinToken stores a join token.
+func (t *Tx) PutJoinToken(r JoinTokenRow) error {
+	if r.Uses < 1 {
+		r.Uses = 1
 	}
-	return hash, parseTime(exp), err
+	return t.exec(`INSERT INTO join_tokens(id,hash,created_at,expires_at,uses,used) VALUES(?,?,?,?,?,0)`, r.ID, r.Hash, timeText(r.Created), timeText(r.Expires), r.Uses)
+}
+
+const joinCols = `id,hash,created_at,expires_at,uses,used,revoked_at`
+
+func scanJoinToken(sc interface{ Scan(...any) error }) (JoinTokenRow, error) {
+	var r JoinTokenRow
+	var created, exp, revoked string
+	if err := sc.Scan(&r.ID, &r.Hash, &created, &exp, &r.Uses, &r.Used, &revoked); err != nil {
+		return r, err
+	}
+	r.Created, r.Expires, r.Revoked = parseTime(created), parseTime(exp), parseTime(revoked)
+	return r, nil
+}
+
+// JoinToken reads a join token.
+func (t *Tx) JoinToken(id string) (JoinTokenRow, error) {
+	r, err := scanJoinToken(t.tx.QueryRowContext(t.ctx, `SELECT `+joinCols+` FROM join_tokens WHERE id=?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, fmt.Errorf("join token %s: %w", id, ErrNotFound)
+	}
+	return r, err
+}
+
+// JoinTokens lists the join tokens, newest first.
+func (t *Tx) JoinTokens() ([]JoinTokenRow, error) {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT `+joinCols+` FROM join_tokens ORDER BY created_at DESC, id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []JoinTokenRow
+	for rows.Next() {
+		r, err := scanJoinToken(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// UseJoinToken takes one use of a join token that is valid at now; false
+// when it is used up, revoked or expired (or does not exist).
+func (t *Tx) UseJoinToken(id string, now time.Time) (bool, error) {
+	res, err := t.tx.ExecContext(t.ctx, `UPDATE join_tokens SET used=used+1 WHERE id=? AND used<uses AND revoked_at='' AND expires_at>?`, id, timeText(now))
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// RevokeJoinToken ends a join token; ErrNotFound when there is none.
+func (t *Tx) RevokeJoinToken(id string, now time.Time) error {
+	res, err := t.tx.ExecContext(t.ctx, `UPDATE join_tokens SET revoked_at=? WHERE id=? AND revoked_at=''`, timeText(now), id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("join token %s: %w", id, ErrNotFound)
+	}
+	return nil
 }

@@ -11,12 +11,17 @@ import (
 	"kiln.dev/kiln/snapshot"
 )
 
-// NodeRecord is a node as stored: the API view, its last snapshot and the
-// fingerprint of the certificate it joined with.
+// NodeRecord is a node as stored: the API view, its last snapshot, the
+// fingerprint of the certificate it joined with and of the key that first
+// joined it (the name is bound to that key until an admin replaces it).
 type NodeRecord struct {
 	Node       api.Node           `json:"node"`
 	Snapshot   *snapshot.Snapshot `json:"snapshot,omitempty"`
 	CertSHA256 string             `json:"cert_sha256"`
+	KeySHA256  string             `json:"key_sha256,omitempty"`
+	// Replacing is set by an admin: the next join with a valid token may
+	// bind the name to a new key.
+	Replacing bool `json:"replacing,omitempty"`
 }
 
 // PutNode writes a node.
@@ -26,6 +31,14 @@ func (t *Tx) PutNode(r NodeRecord) error {
 		return err
 	}
 	return t.exec(writeSQL[stmtPutNode], args...)
+}
+
+// DeleteNode removes a node and its devices' states.
+func (t *Tx) DeleteNode(id string) error {
+	if err := t.exec(`DELETE FROM devices WHERE node=?`, id); err != nil {
+		return err
+	}
+	return t.exec(`DELETE FROM nodes WHERE id=?`, id)
 }
 
 // SetNodeState changes only a node's state.
@@ -204,6 +217,24 @@ func (t *Tx) Jobs(states ...string) ([]*api.Job, error) {
 			return nil, fmt.Errorf("job row: %w", err)
 		}
 		out = append(out, &j)
+	}
+	return out, rows.Err()
+}
+
+// JobProjects maps every job to its project.
+func (t *Tx) JobProjects() (map[string]string, error) {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, COALESCE(json_extract(data,'$.project'),'') FROM jobs`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var id, p string
+		if err := rows.Scan(&id, &p); err != nil {
+			return nil, err
+		}
+		out[id] = p
 	}
 	return out, rows.Err()
 }

@@ -90,6 +90,12 @@ CREATE TABLE events (
 	message TEXT NOT NULL
 );
 CREATE INDEX events_project ON events(project, seq);`,
+	// 2: per-project limits (JSON, api.Limits).
+	`ALTER TABLE projects ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';`,
+	// 3: join tokens with a number of uses, revocable.
+	`ALTER TABLE join_tokens ADD COLUMN uses INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE join_tokens ADD COLUMN used INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE join_tokens ADD COLUMN revoked_at TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {

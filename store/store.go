@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,10 +35,44 @@ type Store struct {
 // ErrNotFound is returned when a row does not exist.
 var ErrNotFound = errors.New("not found")
 
-// Open opens (creating when missing) the database at path and brings its
-// schema up to date. Writes survive a crash of the process once a Tx has
-// returned (WAL, synchronous=NORMAL).
-func Open(ctx context.Context, path string) (*Store, error) {
+// ErrDamaged is returned by Open when the database fails SQLite's
+// integrity check (or is not a database at all); nothing was written.
+var ErrDamaged = errors.New("the database is damaged")
+
+// ErrNoStore is returned by OpenExisting when there is no database file.
+var ErrNoStore = errors.New("no database")
+
+// Open opens (creating when missing, mode 0600) the database at path,
+// checks it and brings its schema up to date. Writes survive a crash of
+// the process once a Tx has returned (WAL, synchronous=NORMAL).
+func Open(ctx context.Context, path string) (*Store, error) { return openStore(ctx, path, true) }
+
+// OpenExisting is Open for a database that must exist: it never creates
+// one (ErrNoStore).
+func OpenExisting(ctx context.Context, path string) (*Store, error) {
+	return openStore(ctx, path, false)
+}
+
+// dataFiles are the files of the database at path.
+func dataFiles(path string) []string { return []string{path, path + "-wal", path + "-shm"} }
+
+func openStore(ctx context.Context, path string, create bool) (*Store, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if !create {
+			return nil, fmt.Errorf("store %s: %w", path, ErrNoStore)
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("store %s: %w", path, err)
+		}
+		f.Close()
+	} else if err != nil {
+		return nil, fmt.Errorf("store %s: %w", path, err)
+	}
+	// SQLite gives the WAL and shared-memory files the database's mode.
+	if err := restrict(path); err != nil {
+		return nil, err
+	}
 	// The writer does not checkpoint the WAL itself: a checkpoint syncs
 	// the files and would stall the commit that happens to trigger it.
 	// checkpoints does it in the background instead.
@@ -48,11 +84,24 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	var mode string
 	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
 		db.Close()
+		if isNotADatabase(err) {
+			return nil, fmt.Errorf("store %s: %w: %v", path, ErrDamaged, err)
+		}
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
 	if mode != "wal" {
 		db.Close()
 		return nil, fmt.Errorf("store %s: journal mode is %q, want wal", path, mode)
+	}
+	// The check comes before any write, migrations included: a damaged
+	// file is left as it was found.
+	if err := check(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store %s: %w", path, err)
+	}
+	if err := restrict(path); err != nil {
+		db.Close()
+		return nil, err
 	}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
@@ -66,6 +115,109 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	s.stopped = make(chan struct{})
 	go s.checkpoints()
 	return s, nil
+}
+
+// restrict gives the database's files mode 0600, existing ones too.
+func restrict(path string) error {
+	for _, p := range dataFiles(path) {
+		st, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("store %s: %w", p, err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			if err := os.Chmod(p, 0o600); err != nil {
+				return fmt.Errorf("store %s: mode %v, and it cannot be made 0600: %w", p, st.Mode().Perm(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// check runs SQLite's integrity check and the foreign key check.
+func check(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, "PRAGMA integrity_check(8)")
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrDamaged, err)
+	}
+	var problems []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			rows.Close()
+			return fmt.Errorf("%w: %v", ErrDamaged, err)
+		}
+		if s != "ok" {
+			problems = append(problems, s)
+		}
+	}
+	err = rows.Err()
+	rows.Close()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrDamaged, err)
+	}
+	if len(problems) == 0 {
+		var table string
+		err := db.QueryRowContext(ctx, "PRAGMA foreign_key_check").Scan(&table)
+		if err == nil {
+			problems = append(problems, "rows of "+table+" refer to rows that do not exist")
+		} else if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: %v", ErrDamaged, err)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrDamaged, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func isNotADatabase(err error) bool {
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "not a database") || strings.Contains(m, "malformed") || strings.Contains(m, "corrupt")
+}
+
+// Backup writes a consistent copy of the database at src to dst (which
+// must not exist) while others may write to it: SQLite's VACUUM INTO, in
+// one read transaction. The copy is checked before Backup returns.
+func Backup(ctx context.Context, src, dst string) error {
+	if _, err := os.Stat(src); err != nil {
+		return fmt.Errorf("store %s: %w", src, err)
+	}
+	db, err := openDB(src, 1)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+		return fmt.Errorf("backing up %s: %w", src, err)
+	}
+	if err := os.Chmod(dst, 0o600); err != nil {
+		return err
+	}
+	return Check(ctx, dst)
+}
+
+// Check opens the database at path, runs the integrity check and closes
+// it; it never creates the file nor writes to it.
+func Check(ctx context.Context, path string) error {
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("store %s: %w", path, err)
+	}
+	db, err := openDB(path, 1)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var mode string
+	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return fmt.Errorf("store %s: %w: %v", path, ErrDamaged, err)
+	}
+	if err := check(ctx, db); err != nil {
+		return fmt.Errorf("store %s: %w", path, err)
+	}
+	return nil
 }
 
 // checkpoints copies the WAL into the database file every half second
@@ -186,6 +338,18 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	var v int
 	err := s.db.QueryRowContext(ctx, "SELECT COALESCE(MAX(version),0) FROM schema_migrations").Scan(&v)
 	return v, err
+}
+
+// Counts says how many users and nodes the store holds: none of either is
+// a store that was never used (or was emptied).
+func (s *Store) Counts(ctx context.Context) (users, nodes int, err error) {
+	err = s.View(ctx, func(tx *Tx) error {
+		if err := tx.tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM users").Scan(&users); err != nil {
+			return err
+		}
+		return tx.tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM nodes").Scan(&nodes)
+	})
+	return users, nodes, err
 }
 
 // Meta reads a key of the meta table ("" when missing).

@@ -112,7 +112,7 @@ instead of this one: its GPUs are recorded, not real, and the server shows it.`,
 			if err != nil {
 				return &exitError{code: 3, err: err}
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "kiln agent: node %s, server %s\n", id.Node, id.Server)
+			fmt.Fprintf(cmd.ErrOrStderr(), "kiln agent: node %s, server %s\n", printable(id.Node), printable(id.Server))
 			return f.run(cmd.Context(), id)
 		},
 	}

@@ -32,7 +32,7 @@ cancel their projects' leases only.`,
 			for _, id := range args {
 				var l api.Lease
 				if err := c.Do(cmd.Context(), "DELETE", "/v1/leases/"+url.PathEscape(id), nil, &l); err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "kiln: cancel %s: %v\n", id, err)
+					fmt.Fprintf(cmd.ErrOrStderr(), "kiln: cancel %s: %s\n", printable(id), printable(err.Error()))
 					if firstErr == nil {
 						firstErr = apiErr(err)
 					}
@@ -40,7 +40,7 @@ cancel their projects' leases only.`,
 				}
 				out = append(out, l)
 				if !cf.structured() {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", l.ID, l.State)
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", printable(l.ID), printable(l.State))
 				}
 			}
 			if cf.structured() {

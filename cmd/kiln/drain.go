@@ -51,11 +51,11 @@ again, kiln stops those jobs and frees the GPUs. If the node will not come back,
 			}
 			switch {
 			case clearLost:
-				fmt.Fprintf(cmd.OutOrStdout(), "freed the devices lost leases held on %s\n", n.ID)
+				fmt.Fprintf(cmd.OutOrStdout(), "freed the devices lost leases held on %s\n", printable(n.ID))
 			case undrain:
-				fmt.Fprintf(cmd.OutOrStdout(), "undrained on %s\n", n.ID)
+				fmt.Fprintf(cmd.OutOrStdout(), "undrained on %s\n", printable(n.ID))
 			default:
-				fmt.Fprintf(cmd.OutOrStdout(), "drained on %s\n", n.ID)
+				fmt.Fprintf(cmd.OutOrStdout(), "drained on %s\n", printable(n.ID))
 			}
 			writeNodeDevices(cmd.OutOrStdout(), n)
 			return nil

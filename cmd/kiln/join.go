@@ -36,7 +36,7 @@ agent starts (unless --join-only); later starts need only 'kiln agent'.`,
 			if err != nil {
 				return apiErr(err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "joined %s as node %s (state in %s)\n", id.Server, id.Node, f.stateDir())
+			fmt.Fprintf(cmd.OutOrStdout(), "joined %s as node %s (state in %s)\n", printable(id.Server), printable(id.Node), f.stateDir())
 			if joinOnly {
 				return nil
 			}

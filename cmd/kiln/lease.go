@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -67,6 +68,9 @@ func (f *sizeFlags) request(cfg *api.ClientConfig) (api.LeaseRequest, error) {
 	if r.GPUs == 0 && r.Fraction == 0 && r.MIG == "" {
 		r.GPUs = 1
 	}
+	if err := finiteFlag("--fraction", r.Fraction); err != nil {
+		return r, err
+	}
 	var err error
 	if f.mem != "" {
 		if r.MemoryBytes, err = parseSize(f.mem); err != nil {
@@ -101,7 +105,7 @@ func parseSize(s string) (uint64, error) {
 		}
 	}
 	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v <= 0 {
+	if err != nil || v <= 0 || math.IsInf(v, 0) || v*float64(mult) >= 1<<64 {
 		return 0, fmt.Errorf("%q is not a size such as 20G or 512M", s)
 	}
 	return uint64(v * float64(mult)), nil
@@ -125,6 +129,7 @@ func waitGranted(ctx context.Context, c *api.Client, l *api.Lease, progress io.W
 			if l.Reason != "" {
 				line += " -- " + l.Reason
 			}
+			line = printable(line)
 			if line != shown {
 				fmt.Fprintf(progress, "\r\x1b[K%s", line)
 				shown = line
@@ -206,9 +211,9 @@ Exit codes: 0 granted, 2 refused or ended before it was granted, 3 could not ask
 }
 
 func writeLeaseText(w io.Writer, l *api.Lease) {
-	fmt.Fprintf(w, "lease %s (%s, project %s): %s\n", l.ID, sizeOf(l.Request), l.Project, l.State)
+	fmt.Fprintf(w, "lease %s (%s, project %s): %s\n", printable(l.ID), printable(sizeOf(l.Request)), printable(l.Project), printable(l.State))
 	if l.Reason != "" {
-		fmt.Fprintf(w, "  %s\n", l.Reason)
+		fmt.Fprintf(w, "  %s\n", printable(l.Reason))
 	}
 	if l.State == api.LeaseQueued {
 		fmt.Fprintf(w, "  queue position %d", l.QueuePosition)
@@ -219,9 +224,9 @@ func writeLeaseText(w io.Writer, l *api.Lease) {
 	}
 	for _, a := range l.Allocations {
 		for _, d := range a.Devices {
-			fmt.Fprintf(w, "  %s %s %s %s", a.Node, d.ID, d.Model, d.PCIAddress)
+			fmt.Fprintf(w, "  %s %s %s %s", printable(a.Node), printable(d.ID), printable(d.Model), printable(d.PCIAddress))
 			if d.Isolation != api.IsolationExclusive {
-				fmt.Fprintf(w, "  %d‰ of the GPU, %s, isolation %s", d.MilliGPU, sizeText(d.MemoryBytes), isolationText(d.Isolation))
+				fmt.Fprintf(w, "  %d‰ of the GPU, %s, isolation %s", d.MilliGPU, sizeText(d.MemoryBytes), printable(isolationText(d.Isolation)))
 			}
 			fmt.Fprintln(w)
 		}
@@ -229,6 +234,14 @@ func writeLeaseText(w io.Writer, l *api.Lease) {
 	if l.EndsAt != nil && l.State == api.LeaseGranted {
 		fmt.Fprintf(w, "  ends %s\n", l.EndsAt.Local().Format(time.RFC3339))
 	}
+}
+
+// finiteFlag refuses NaN and infinities, which no range check catches.
+func finiteFlag(name string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return &exitError{code: 3, err: fmt.Errorf("%s %v: want a number", name, v)}
+	}
+	return nil
 }
 
 func isolationText(iso string) string {

@@ -107,7 +107,7 @@ func writeLeaseTable(w io.Writer, ls []api.Lease) {
 		if l.Request.Preemptible {
 			prio += " (preemptible)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.ID, l.Project, l.User, sizeOf(l.Request), prio, l.State, where)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(l.ID), cell(l.Project), cell(l.User), cell(sizeOf(l.Request)), prio, cell(l.State), cell(where))
 	}
 	tw.Flush()
 }

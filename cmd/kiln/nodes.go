@@ -107,14 +107,14 @@ func writeNodeTable(w io.Writer, nodes []api.Node) {
 		if crit > 0 {
 			notes = append(notes, fmt.Sprintf("%d critical findings", crit))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%g/%d\t%s\t%s\t%s ago\t%s\n", n.ID, n.State, n.Free, n.Total, strings.Join(ms, ", "),
-			n.Driver, time.Since(n.LastSeen).Round(time.Second), strings.Join(notes, "; "))
+		fmt.Fprintf(tw, "%s\t%s\t%g/%d\t%s\t%s\t%s ago\t%s\n", cell(n.ID), cell(n.State), n.Free, n.Total, cell(strings.Join(ms, ", ")),
+			cell(n.Driver), time.Since(n.LastSeen).Round(time.Second), cell(strings.Join(notes, "; ")))
 	}
 	tw.Flush()
 }
 
 func writeNodeDevices(w io.Writer, n api.Node) {
-	fmt.Fprintf(w, "node %s: %s, %g of %d GPUs free", n.ID, n.State, n.Free, n.Total)
+	fmt.Fprintf(w, "node %s: %s, %g of %d GPUs free", printable(n.ID), printable(n.State), n.Free, n.Total)
 	if n.Recorded {
 		fmt.Fprint(w, " -- RECORDED machine: these GPUs are not real")
 	}
@@ -133,10 +133,10 @@ func writeNodeDevices(w io.Writer, n api.Node) {
 		if d.Held {
 			drain = strings.TrimSpace(drain + " held by a lost lease")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d‰\t%s\t%s\n", d.ID, d.Model, sizeText(d.MemoryBytes), d.PCIAddress, numa, d.Island, d.Isolation, d.UsedMilli, strings.Join(d.Leases, ","), drain)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d‰\t%s\t%s\n", cell(d.ID), cell(d.Model), sizeText(d.MemoryBytes), cell(d.PCIAddress), numa, cell(d.Island), cell(d.Isolation), d.UsedMilli, cells(d.Leases, ","), cell(drain))
 	}
 	tw.Flush()
 	for _, f := range n.Findings {
-		fmt.Fprintf(w, "%s [%s] %s\n", strings.ToUpper(f.Severity), f.ID, f.Title)
+		fmt.Fprintf(w, "%s [%s] %s\n", cell(strings.ToUpper(f.Severity)), cell(f.ID), cell(f.Title))
 	}
 }

@@ -99,7 +99,7 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 					return cancelOnInterrupt(c, l.ID, stderr, err)
 				}
 				if l.State != api.LeaseGranted {
-					fmt.Fprintf(stderr, "kiln: lease %s %s: %s\n", l.ID, l.State, l.Reason)
+					fmt.Fprintf(stderr, "kiln: lease %s %s: %s\n", printable(l.ID), printable(l.State), printable(l.Reason))
 					_ = printRun(cmd.OutOrStdout(), cf.format, l, nil)
 					return &exitError{code: 2}
 				}
@@ -167,7 +167,7 @@ func writeGrantLine(w io.Writer, l *api.Lease) {
 		}
 		parts = append(parts, a.Node+":"+strings.Join(ids, ","))
 	}
-	fmt.Fprintf(w, "kiln: lease %s granted %s (isolation %s)\n", l.ID, strings.Join(parts, " "), l.Isolation)
+	fmt.Fprintf(w, "kiln: lease %s granted %s (isolation %s)\n", printable(l.ID), printable(strings.Join(parts, " ")), printable(l.Isolation))
 }
 
 type runRecord struct {
@@ -203,7 +203,7 @@ func followLogs(ctx context.Context, c *api.Client, jobID string, w io.Writer) e
 		return err
 	}
 	defer resp.Body.Close()
-	_, err = io.Copy(w, resp.Body)
+	err = copyOutput(w, resp.Body, false)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -232,7 +232,7 @@ func waitJob(ctx context.Context, c *api.Client, id string) (*api.Job, error) {
 
 func jobExit(j *api.Job, stderr io.Writer) error {
 	if j.State != api.JobExited {
-		fmt.Fprintf(stderr, "kiln: job %s %s: %s\n", j.ID, j.State, j.Reason)
+		fmt.Fprintf(stderr, "kiln: job %s %s: %s\n", printable(j.ID), printable(j.State), printable(j.Reason))
 		return &exitError{code: 2}
 	}
 	if j.ExitCode != nil && *j.ExitCode != 0 {
@@ -243,7 +243,7 @@ func jobExit(j *api.Job, stderr io.Writer) error {
 		return &exitError{code: code}
 	}
 	if j.Reason != "" && j.Reason != "exited" {
-		fmt.Fprintf(stderr, "kiln: job %s: %s\n", j.ID, j.Reason)
+		fmt.Fprintf(stderr, "kiln: job %s: %s\n", printable(j.ID), printable(j.Reason))
 		return &exitError{code: 2}
 	}
 	return nil

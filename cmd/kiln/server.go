@@ -197,6 +197,7 @@ func adminConfig(srv *server.Server, data, url string) (*api.ClientConfig, error
 
 func newServerCmd() *cobra.Command {
 	var f serverFlags
+	var resetAdmin bool
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the lease server: GPUs leased over the network to users and their jobs",
@@ -229,6 +230,9 @@ its GPUs stay held until the agent registers again or an admin runs
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if resetAdmin {
+				return f.resetAdmin(ctx, cmd.OutOrStdout())
+			}
 			log := slog.Default()
 			srv, ln, url, err := f.start(ctx, log)
 			if err != nil {
@@ -247,7 +251,37 @@ its GPUs stay held until the agent registers again or an admin runs
 		},
 	}
 	f.add(cmd, ":7443")
+	cmd.Flags().BoolVar(&resetAdmin, "reset-admin", false, "recovery on the server's host, with the server stopped: make the user admin an admin again with a new token, saved in <data>/admin-client.json, and exit")
 	return cmd
+}
+
+// resetAdmin is kiln server --reset-admin: the host-local recovery when no
+// admin can log in any more.
+func (f *serverFlags) resetAdmin(ctx context.Context, w io.Writer) error {
+	if f.data == "" {
+		f.data = defaultDataDir()
+	}
+	tok, caPEM, err := server.ResetAdmin(ctx, f.data)
+	if err != nil {
+		return &exitError{code: 3, err: err}
+	}
+	path := filepath.Join(f.data, "admin-client.json")
+	cfg, err := api.LoadClientConfig(path)
+	if err != nil {
+		cfg = &api.ClientConfig{Project: "default"}
+	}
+	if f.url != "" {
+		cfg.Server = f.url
+	}
+	if cfg.Server == "" {
+		cfg.Server = "https://" + f.listen
+	}
+	cfg.Token, cfg.CAPEM = tok, string(caPEM)
+	if err := cfg.Save(path); err != nil {
+		return &exitError{code: 3, err: err}
+	}
+	fmt.Fprintf(w, "admin is an admin again. New admin token (shown once, also saved in %s):\n  %s\nStart the server and use it with: KILN_CONFIG=%s kiln nodes\n", path, tok, path)
+	return nil
 }
 
 func printServerBanner(w io.Writer, srv *server.Server, url, cfgPath string) {

@@ -280,10 +280,33 @@ type Project struct {
 	GPUHours      float64  `json:"gpu_hours,omitempty"`
 	PeriodSeconds int      `json:"period_s,omitempty"`
 	Members       []string `json:"members,omitempty"`
+	// Limits bound what the project's members may queue, run and write;
+	// a zero field takes the server's default.
+	Limits Limits `json:"limits,omitzero"`
 	// Usage figures, filled by the server.
 	HeldGPUs    float64 `json:"held_gpus"`
 	UsedHours   float64 `json:"used_gpu_hours"`
 	QueuedLease int     `json:"queued_leases"`
+}
+
+// Limits bound what a project's members may ask of the server, so that one
+// member cannot fill its queue or its disk. The server answers 429 to a
+// request over a limit that frees up with time (queued leases), 403 to one
+// over a limit that does not.
+type Limits struct {
+	// MaxQueued is the number of queued leases of the project, and
+	// MaxQueuedPerUser that of one member.
+	MaxQueued        int `json:"max_queued,omitempty"`
+	MaxQueuedPerUser int `json:"max_queued_per_user,omitempty"`
+	// MaxJobsPerLease counts every job a lease ever ran.
+	MaxJobsPerLease int `json:"max_jobs_per_lease,omitempty"`
+	// MaxEnvBytes is the size of a job's environment (names and values).
+	MaxEnvBytes int `json:"max_env_bytes,omitempty"`
+	// MaxLogBytesPerJob and MaxLogBytes bound the output kept of one job
+	// and of all the project's jobs; output beyond is dropped, and the log
+	// says so.
+	MaxLogBytesPerJob int64 `json:"max_log_bytes_per_job,omitempty"`
+	MaxLogBytes       int64 `json:"max_log_bytes,omitempty"`
 }
 
 // TokenRequest creates an API token for a user (admins: any user, and the
@@ -309,15 +332,23 @@ type Token struct {
 
 // JoinTokenRequest creates a join token for agents.
 type JoinTokenRequest struct {
+	// TTLSeconds; 0: one hour.
 	TTLSeconds int `json:"ttl_s,omitempty"`
+	// Uses is how many nodes may join with it; 0: one.
+	Uses int `json:"uses,omitempty"`
 }
 
-// JoinToken lets agents join; Command is the line to run on a node.
+// JoinToken lets agents join; Command is the line to run on a node. The
+// secret and the command are shown once, at creation.
 type JoinToken struct {
-	ID      string    `json:"id"`
-	Secret  string    `json:"token"`
-	Expires time.Time `json:"expires_at"`
-	Command string    `json:"command"`
+	ID      string     `json:"id"`
+	Secret  string     `json:"token,omitempty"`
+	Created time.Time  `json:"created_at"`
+	Expires time.Time  `json:"expires_at"`
+	Command string     `json:"command,omitempty"`
+	Uses    int        `json:"uses"`
+	Used    int        `json:"used"`
+	Revoked *time.Time `json:"revoked_at,omitempty"`
 }
 
 // DrainRequest drains devices of a node (all when Devices is empty).
