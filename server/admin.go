@@ -72,19 +72,7 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	b := newBatch()
 	if req.ClearLost {
-		for _, ls := range s.holding {
-			if ls.heldNodes[id] {
-				for _, js := range ls.jobs {
-					if t := js.task(id); t != nil && !api.JobFinal(t.State) {
-						t.State, t.Reason = api.JobLost, "cleared by "+c.user.Name
-						b.job(js.j)
-					}
-					delete(n.stops, js.j.ID)
-					delete(n.tasks, js.j.ID)
-				}
-				s.releaseHold(ls, id, b)
-			}
-		}
+		s.clearLost(n, "cleared by "+c.user.Name, b)
 		b.event("node.cleared", id, "", "%s cleared the devices lost leases held on %s", c.user.Name, id)
 	} else {
 		reason := req.Reason
@@ -112,6 +100,25 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.nodeAPI(n))
+}
+
+// clearLost frees what lost leases hold on a node, their tasks there
+// marked lost with reason; s.mu is held.
+func (s *Server) clearLost(n *nodeState, reason string, b *batch) {
+	id := n.rec.Node.ID
+	for _, ls := range s.holding {
+		if ls.heldNodes[id] {
+			for _, js := range ls.jobs {
+				if t := js.task(id); t != nil && !api.JobFinal(t.State) {
+					t.State, t.Reason = api.JobLost, reason
+					b.job(js.j)
+				}
+				delete(n.stops, js.j.ID)
+				delete(n.tasks, js.j.ID)
+			}
+			s.releaseHold(ls, id, b)
+		}
+	}
 }
 
 func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) {

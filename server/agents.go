@@ -16,48 +16,156 @@ import (
 // NodeJoining is the state of a node that joined but sent no snapshot yet.
 const NodeJoining = "joining"
 
+// join gives an agent a certificate for its node. A join token joins as
+// many nodes as it has uses; a node name is bound to the key that first
+// joined it: another key is refused (409) until an admin replaces the node
+// ('kiln node replace') or forgets it ('kiln node forget'), so nobody
+// holding a join token takes the name of a node that went silent while
+// its jobs may still run there.
 func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 	req, ok := readRequest(w, r, maxBody, parseJoin)
 	if !ok {
 		return
 	}
-	if err := s.checkJoinToken(r.Context(), req.Token); err != nil {
-		writeErr(w, http.StatusUnauthorized, err)
-		return
-	}
-	certPEM, err := s.ca.signAgent([]byte(req.CSRPEM), req.Node)
+	csr, err := parseCSR([]byte(req.CSRPEM))
 	if err != nil {
 		writeErr(w, http.StatusBadRequest, err)
 		return
 	}
-	fp, err := pemFingerprint(certPEM)
+	keyFP, err := keyFingerprint(csr.PublicKey)
 	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err)
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("csr_pem: %w", err))
 		return
 	}
 	s.answer(w, http.StatusOK, func() (any, uint64, error) {
+		if err := s.down(); err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+		}
 		now := time.Now()
 		n := s.nodes[req.Node]
-		if n != nil && n.rec.Node.State == api.NodeReady && now.Sub(n.lastSeen()) < s.cfg.HeartbeatTimeout {
-			return nil, 0, errStatus(http.StatusConflict, "node %s is joined and alive: a second agent may not take its name", req.Node)
+		if n != nil && !n.rec.Replacing && n.rec.KeySHA256 != keyFP {
+			alive := n.rec.Node.State == api.NodeReady && now.Sub(n.lastSeen()) < s.cfg.HeartbeatTimeout
+			state := "alive"
+			if !alive {
+				state = "not answering; its GPUs stay fenced, since its jobs may still run there"
+			}
+			return nil, 0, errStatus(http.StatusConflict, "node %s is taken: the name is bound to the key that first joined it, and the node is %s. If it is the same machine with a new key, or another machine now, an admin runs 'kiln node replace %s' (the new agent takes the name; the GPUs stay fenced until it registers) or 'kiln node forget %s'", req.Node, state, req.Node, req.Node)
+		}
+		if err := s.useJoinToken(r.Context(), req.Token, now); err != nil {
+			return nil, 0, withStatus(http.StatusUnauthorized, err)
+		}
+		certPEM, err := s.ca.signAgent(csr, req.Node)
+		if err != nil {
+			return nil, 0, err
+		}
+		fp, err := pemFingerprint(certPEM)
+		if err != nil {
+			return nil, 0, err
 		}
 		b := newBatch()
+		verb := "joined"
 		if n == nil {
 			n = s.newNode(store.NodeRecord{Node: api.Node{ID: req.Node, State: NodeJoining, Joined: now.UTC()}}, nil)
 			s.nodes[req.Node] = n
 			s.nodeCache = nil
+		} else if n.rec.Replacing {
+			verb = "joined in place of its previous agent"
 		}
-		n.rec.CertSHA256 = fp
+		n.rec.CertSHA256, n.rec.KeySHA256, n.rec.Replacing = fp, keyFP, false
 		n.touch(now)
 		s.addAgent(n)
 		b.node(n)
-		b.event("node.joined", req.Node, "", "node %s joined", req.Node)
+		b.event("node.joined", req.Node, "", "node %s %s", req.Node, verb)
 		seq, err := s.flush(b)
 		if err != nil {
 			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
 		return api.JoinResponse{Node: req.Node, CertPEM: string(certPEM), CAPEM: string(s.ca.pem)}, seq, nil
 	})
+}
+
+// forgetNode removes a node that is not answering (or never registered):
+// what its lost leases held is freed, its jobs there are marked lost, and
+// its name is free for any agent with a join token.
+func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	id := r.PathValue("id")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.down(); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	n := s.nodes[id]
+	if n == nil {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s not found", id))
+		return
+	}
+	if n.rec.Node.State == api.NodeReady {
+		writeErr(w, http.StatusConflict, fmt.Errorf("node %s is ready: stop its agent first (it is lost after the heartbeat timeout, %s), then forget it", id, s.cfg.HeartbeatTimeout))
+		return
+	}
+	now := time.Now()
+	b := newBatch()
+	s.clearLost(n, "node "+id+" forgotten by "+c.user.Name, b)
+	for jid, js := range n.tasks {
+		if t := js.task(id); t != nil && !api.JobFinal(t.State) {
+			s.taskEnded(js, id, api.ExitReport{Code: -1, Reason: "its node was forgotten"}, api.JobLost, now, b)
+		}
+		delete(n.tasks, jid)
+	}
+	b.event("node.forgotten", id, "", "%s forgot node %s", c.user.Name, id)
+	s.schedule(now, b)
+	if err := s.flushWait(b); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	if err := s.st.Update(r.Context(), func(tx *store.Tx) error { return tx.DeleteNode(id) }); err != nil {
+		writeErr(w, 0, storeErr(err))
+		return
+	}
+	delete(s.nodes, id)
+	s.nodeCache, s.viewList, s.empty = nil, nil, nil
+	s.amu.Lock()
+	delete(s.agents, id)
+	s.amu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]string{"forgotten": id})
+}
+
+// replaceNode lets the next agent that joins with a valid token take the
+// node's name with a new key. The previous agent's certificate is refused
+// from now on; the devices lost leases hold stay fenced until the new agent
+// registers and says what runs.
+func (s *Server) replaceNode(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	id := r.PathValue("id")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.down(); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	n := s.nodes[id]
+	if n == nil {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s not found", id))
+		return
+	}
+	now := time.Now()
+	b := newBatch()
+	if n.rec.Node.State == api.NodeReady {
+		// Its agent may not act any more: the node is lost now.
+		s.nodeLost(n, now, b)
+	}
+	n.rec.Replacing, n.rec.CertSHA256 = true, ""
+	s.addAgent(n)
+	b.node(n)
+	b.event("node.replacing", id, "", "%s lets a new agent take node %s; its previous agent's certificate is refused", c.user.Name, id)
+	s.schedule(now, b)
+	if err := s.flushWait(b); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.nodeAPI(n))
 }
 
 func (s *Server) register(w http.ResponseWriter, r *http.Request) {
@@ -73,6 +181,13 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		n := s.nodes[node]
 		b := newBatch()
+		if n.rec.KeySHA256 == "" && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			// A node that joined before names were bound to keys: bound
+			// now, to the key its agent proves it holds.
+			if fp, err := keyFingerprint(r.TLS.PeerCertificates[0].PublicKey); err == nil {
+				n.rec.KeySHA256 = fp
+			}
+		}
 		drains := s.applySnapshot(n, req, b)
 		n.touch(now)
 		wasLost := n.rec.Node.State != api.NodeReady
@@ -539,6 +654,12 @@ func (s *Server) jobLogChunk(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, http.StatusNotFound, fmt.Errorf("job %s has no task on node %s", id, node))
 			return
 		}
+		// The last output of a job comes just before or after its end;
+		// later, nothing more is taken for it.
+		if j.Finished != nil && time.Since(*j.Finished) > lateLogs {
+			writeErr(w, http.StatusGone, fmt.Errorf("job %s ended at %s: no more output is taken for it", id, j.Finished.Format(time.RFC3339)))
+			return
+		}
 		project = j.Project
 	}
 	s.mu.Lock()
@@ -557,6 +678,9 @@ func (s *Server) jobLogChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// lateLogs is how long after its end a job's output is still taken.
+const lateLogs = time.Minute
 
 func hasTask(j *api.Job, node string) bool {
 	if j == nil {

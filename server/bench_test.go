@@ -71,7 +71,11 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	c := newCluster(b, cfg)
 	// The agents run in a process of their own, as they run on machines of
 	// their own: the server's collector does not walk their connections.
-	fleet := startAgents(b, benchAgents{URL: c.url, CAPEM: string(c.srv.CAPEM()), JoinToken: c.srv.Bootstrap.JoinToken, CAFingerprint: c.srv.CAFingerprint(),
+	var jt api.JoinToken
+	if err := c.admin.Do(context.Background(), "POST", "/v1/join-tokens", api.JoinTokenRequest{Uses: agents}, &jt); err != nil {
+		b.Fatal(err)
+	}
+	fleet := startAgents(b, benchAgents{URL: c.url, CAPEM: string(c.srv.CAPEM()), JoinToken: jt.Secret, CAFingerprint: c.srv.CAFingerprint(),
 		AdminToken: c.srv.Bootstrap.AdminToken, Count: agents, Plain: plainBeats, Interval: agentInterval})
 	defer fleet.stop()
 	time.Sleep(agentInterval + time.Second) // every agent heartbeats from here on

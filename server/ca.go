@@ -2,6 +2,8 @@ package server
 
 import (
 	"crypto/ecdsa"
+	"crypto/sha256"
+	"encoding/hex"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
@@ -134,8 +136,9 @@ func (a *authority) serverCert(hosts []string) (tls.Certificate, error) {
 	return tls.Certificate{Certificate: [][]byte{der, a.cert.Raw}, PrivateKey: key}, nil
 }
 
-// signAgent turns an agent's CSR into a client certificate for node.
-func (a *authority) signAgent(csrPEM []byte, node string) ([]byte, error) {
+// parseCSR reads an agent's certificate request and checks its signature
+// (the agent holds the key).
+func parseCSR(csrPEM []byte) (*x509.CertificateRequest, error) {
 	b, _ := pem.Decode(csrPEM)
 	if b == nil || b.Type != "CERTIFICATE REQUEST" {
 		return nil, errors.New("csr_pem: no PEM certificate request")
@@ -147,6 +150,21 @@ func (a *authority) signAgent(csrPEM []byte, node string) ([]byte, error) {
 	if err := csr.CheckSignature(); err != nil {
 		return nil, fmt.Errorf("csr_pem: %w", err)
 	}
+	return csr, nil
+}
+
+// keyFingerprint is the SHA-256 of a public key (its DER SubjectPublicKeyInfo).
+func keyFingerprint(pub any) (string, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// signAgent turns an agent's CSR into a client certificate for node.
+func (a *authority) signAgent(csr *x509.CertificateRequest, node string) ([]byte, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: node, Organization: []string{"kiln agent"}},

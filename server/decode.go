@@ -396,18 +396,91 @@ func parseRegister(b []byte) (api.RegisterRequest, error) {
 	if r.Snapshot == nil {
 		return r, errors.New("snapshot: required")
 	}
-	if len(r.Snapshot.GPUs) > 4096 || len(r.Running) > 100000 || len(r.Findings) > 100000 {
-		return r, errors.New("snapshot: too many GPUs, jobs or findings")
+	return r, plausible(&r)
+}
+
+// Bounds of what a node's snapshot may claim. The largest machines have 16
+// GPUs and under 300 GB per GPU; the bounds leave room, and keep an agent
+// (or a job that stole its key) from claiming GPUs a real node cannot have.
+const (
+	maxNodeGPUs      = 256
+	maxGPUMemory     = 4 << 40 // bytes
+	maxSnapshotText  = 256     // a model, a driver version, a UUID
+	maxNodeRunning   = 100000
+	maxNodeFindings  = 10000
+	maxMIGPerGPU     = 64
+	maxHostnameBytes = 253
+)
+
+// plausible checks a node's snapshot: counts and sizes within bounds, no
+// GPU twice (by PCI address or UUID), text fields short and printable.
+func plausible(r *api.RegisterRequest) error {
+	s := r.Snapshot
+	if len(s.GPUs) > maxNodeGPUs {
+		return fmt.Errorf("snapshot: %d GPUs; a node has at most %d", len(s.GPUs), maxNodeGPUs)
 	}
-	for _, g := range r.Snapshot.GPUs {
+	if len(r.Running) > maxNodeRunning || len(r.Findings) > maxNodeFindings {
+		return fmt.Errorf("snapshot: %d running jobs and %d findings; at most %d and %d", len(r.Running), len(r.Findings), maxNodeRunning, maxNodeFindings)
+	}
+	if !shortText(s.Host.Hostname, maxHostnameBytes) {
+		return errors.New("snapshot: the host name is longer than 253 bytes or holds control characters")
+	}
+	pci, uuid := map[string]bool{}, map[string]bool{}
+	for _, g := range s.GPUs {
 		if g.Index < 0 || g.Index > 1<<20 {
-			return r, fmt.Errorf("snapshot: GPU index %d out of range", g.Index)
+			return fmt.Errorf("snapshot: GPU index %d out of range", g.Index)
 		}
-		if g.MIG != nil && len(g.MIG.Instances) > 64 {
-			return r, errors.New("snapshot: more than 64 MIG instances on a GPU")
+		if g.MemoryTotalBytes > maxGPUMemory || g.MemoryUsedBytes > maxGPUMemory {
+			return fmt.Errorf("snapshot: GPU %d claims %d bytes of memory; at most %d", g.Index, g.MemoryTotalBytes, uint64(maxGPUMemory))
+		}
+		for _, t := range []string{g.Model, g.UUID, g.PCIAddress, g.Vendor, g.Architecture, g.ComputeCapability, g.GFXTarget} {
+			if !shortText(t, maxSnapshotText) {
+				return fmt.Errorf("snapshot: GPU %d: a name longer than %d bytes or with control characters", g.Index, maxSnapshotText)
+			}
+		}
+		if g.PCIAddress != "" {
+			if pci[g.PCIAddress] {
+				return fmt.Errorf("snapshot: PCI address %s twice", g.PCIAddress)
+			}
+			pci[g.PCIAddress] = true
+		}
+		if g.UUID != "" {
+			if uuid[g.UUID] {
+				return fmt.Errorf("snapshot: GPU UUID %s twice", g.UUID)
+			}
+			uuid[g.UUID] = true
+		}
+		if g.MIG != nil && len(g.MIG.Instances) > maxMIGPerGPU {
+			return fmt.Errorf("snapshot: more than %d MIG instances on a GPU", maxMIGPerGPU)
 		}
 	}
-	return r, nil
+	for _, f := range r.Findings {
+		if len(f.ID) > maxSnapshotText || len(f.Title) > 4096 || len(f.Devices) > maxNodeGPUs {
+			return errors.New("snapshot: a finding too large")
+		}
+	}
+	for _, t := range []string{s.Drivers.NVIDIAUser, s.Drivers.NVIDIAKernel, s.Drivers.AMDGPU, s.Drivers.CUDADriver, r.Executor, r.Containers} {
+		if !shortText(t, maxSnapshotText) {
+			return errors.New("snapshot: a driver or executor name longer than 256 bytes or with control characters")
+		}
+	}
+	if len(r.NoContainers) > 4096 {
+		return errors.New("snapshot: no_containers longer than 4096 bytes")
+	}
+	return nil
+}
+
+// shortText: at most max bytes, no control character.
+func shortText(s string, max int) bool {
+	if len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // parseExit decodes an exit report.

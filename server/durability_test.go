@@ -99,7 +99,7 @@ func TestKillServerAndAgent(t *testing.T) {
 	admin := adminClient(t, data)
 	ctx := context.Background()
 	var jt api.JoinToken
-	if err := admin.Do(ctx, "POST", "/v1/join-tokens", api.JoinTokenRequest{}, &jt); err != nil {
+	if err := admin.Do(ctx, "POST", "/v1/join-tokens", api.JoinTokenRequest{Uses: 2}, &jt); err != nil {
 		t.Fatal(err)
 	}
 	cfg, _ := api.LoadClientConfig(filepath.Join(data, "admin-client.json"))

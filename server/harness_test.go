@@ -119,7 +119,11 @@ func (c *cluster) close() {
 // (the process executor when nil).
 func (c *cluster) addAgent(node string, s *snapshot.Snapshot, exe executor.Executor, heartbeat time.Duration) {
 	c.t.Helper()
-	id, err := agent.Join(context.Background(), c.url, c.srv.Bootstrap.JoinToken, c.srv.CAFingerprint(), node, filepath.Join(c.t.TempDir(), node))
+	jt, err := c.srv.CreateJoinToken(context.Background(), 0) // one node
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	id, err := agent.Join(context.Background(), c.url, jt.Secret, c.srv.CAFingerprint(), node, filepath.Join(c.t.TempDir(), node))
 	if err != nil {
 		c.t.Fatal(err)
 	}

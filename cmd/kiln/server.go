@@ -224,7 +224,12 @@ and SIGKILL after the grace period. Leases end at their time limit.
 
 A node silent for the heartbeat timeout is lost: its leases are marked lost and
 its GPUs stay held until the agent registers again or an admin runs
-'kiln drain NODE --clear-lost'.`,
+'kiln drain NODE --clear-lost'. A node's name is bound to the key that first
+joined it: nobody else joins under it until an admin runs 'kiln node replace' or
+'kiln node forget'.
+
+Recovery on the server's host: 'kiln server --reset-admin' (no admin can log
+in), 'kiln backup' and 'kiln restore'. See docs/security.md.`,
 		Example: `  kiln server --data /var/lib/kiln --listen :7443 --url https://gpu-head.lab:7443
   KILN_CONFIG=/var/lib/kiln/admin-client.json kiln nodes`,
 		Args: cobra.NoArgs,
@@ -289,7 +294,7 @@ func printServerBanner(w io.Writer, srv *server.Server, url, cfgPath string) {
 	fmt.Fprintf(w, "CA SHA-256: %s\n", srv.CAFingerprint())
 	if b := srv.Bootstrap; b != nil {
 		fmt.Fprintf(w, "\nFirst start. Admin token (shown once, also saved in %s):\n  %s\n", cfgPath, b.AdminToken)
-		fmt.Fprintf(w, "\nOn each GPU node, run:\n  %s\n", b.JoinCommand)
+		fmt.Fprintf(w, "\nOn a GPU node, run (joins one node, valid until %s; more with 'kiln token join --uses N'):\n  %s\n", b.JoinExpires.Local().Format(time.DateTime), b.JoinCommand)
 	} else {
 		fmt.Fprintf(w, "admin configuration: %s\nmake a join command for a node with: kiln token join\n", cfgPath)
 	}

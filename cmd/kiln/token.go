@@ -23,13 +23,14 @@ func newTokenCmd() *cobra.Command {
 the server keeps only their hash.
 
   kiln token create --user ana --project vision    a token for ana (made a member of vision)
-  kiln token ls                                    tokens (an admin sees all)
-  kiln token rm ID                                 revoke a token
-  kiln token join                                  a join command for a new node (admins)
+  kiln token ls                                    tokens (an admin sees all, and the join tokens)
+  kiln token rm ID                                 revoke a token (rm --user NAME removes a user)
+  kiln token join [--uses N] [--ttl 1h]            a join command for new nodes (admins)
+  kiln token revoke ID                             revoke an API token or a join token
   kiln token project vision --weight 2 --max-gpus 8 --member ana   create or change a project (admins)`,
 		Args: cobra.NoArgs,
 	}
-	cmd.AddCommand(newTokenCreateCmd(), newTokenLsCmd(), newTokenRmCmd(), newTokenJoinCmd(), newTokenProjectCmd())
+	cmd.AddCommand(newTokenCreateCmd(), newTokenLsCmd(), newTokenRmCmd(), newTokenJoinCmd(), newTokenRevokeCmd(), newTokenProjectCmd())
 	return cmd
 }
 
@@ -80,15 +81,27 @@ func newTokenLsCmd() *cobra.Command {
 				return err
 			}
 			var out struct {
-				Tokens []api.Token `json:"tokens"`
+				Tokens     []api.Token     `json:"tokens"`
+				JoinTokens []api.JoinToken `json:"join_tokens,omitempty"`
 			}
 			if err := c.Do(cmd.Context(), "GET", "/v1/tokens", nil, &out); err != nil {
+				return apiErr(err)
+			}
+			// Admins see the join tokens too; members are refused them.
+			if err := c.Do(cmd.Context(), "GET", "/v1/join-tokens", nil, &out); err != nil && api.StatusOf(err) != 403 {
 				return apiErr(err)
 			}
 			if cf.structured() {
 				return writeStructured(cmd.OutOrStdout(), cf.format, out)
 			}
-			return writeTokenTable(cmd.OutOrStdout(), out.Tokens)
+			if err := writeTokenTable(cmd.OutOrStdout(), out.Tokens); err != nil {
+				return err
+			}
+			if len(out.JoinTokens) > 0 {
+				fmt.Fprintln(cmd.OutOrStdout())
+				return writeJoinTokenTable(cmd.OutOrStdout(), out.JoinTokens)
+			}
+			return nil
 		},
 	}
 	cf.add(cmd)
@@ -134,29 +147,75 @@ admin first.`,
 func newTokenJoinCmd() *cobra.Command {
 	var cf clientFlags
 	var ttl time.Duration
+	var uses int
 	cmd := &cobra.Command{
-		Use:   "join",
-		Short: "Make a join token and print the command a new node runs (admins)",
-		Args:  cobra.NoArgs,
+		Use:   "join [--uses N] [--ttl D]",
+		Short: "Make a join token and print the command new nodes run (admins)",
+		Long: `kiln token join makes a join token and prints the 'kiln join' command to run on a
+new node. A join token joins one node and is valid for an hour unless --uses and
+--ttl say otherwise; 'kiln token ls' lists the join tokens with their uses and
+'kiln token revoke ID' ends one.
+
+A node's name is bound to the key that first joined it: joining under the name
+of an existing node is refused, also when that node went silent (its GPUs stay
+held while its jobs may still run). An admin lets a new machine take the name
+with 'kiln node replace NAME', or removes the node with 'kiln node forget NAME'.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
 			var jt api.JoinToken
-			if err := c.Do(cmd.Context(), "POST", "/v1/join-tokens", api.JoinTokenRequest{TTLSeconds: int(ttl / time.Second)}, &jt); err != nil {
+			if err := c.Do(cmd.Context(), "POST", "/v1/join-tokens", api.JoinTokenRequest{TTLSeconds: int(ttl / time.Second), Uses: uses}, &jt); err != nil {
 				return apiErr(err)
 			}
 			if cf.structured() {
 				return writeStructured(cmd.OutOrStdout(), cf.format, jt)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "On the node, run (valid until %s):\n  %s\n", jt.Expires.Local().Format(time.DateTime), printable(jt.Command))
+			nodes := "one node"
+			if jt.Uses > 1 {
+				nodes = fmt.Sprintf("%d nodes", jt.Uses)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "On the node, run (joins %s, valid until %s):\n  %s\n", nodes, jt.Expires.Local().Format(time.DateTime), printable(jt.Command))
 			return nil
 		},
 	}
 	cf.add(cmd)
-	cmd.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "how long the join token is valid")
+	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the join token is valid (at most a year)")
+	cmd.Flags().IntVar(&uses, "uses", 1, "how many nodes may join with it")
 	cf.addOutput(cmd)
+	return cmd
+}
+
+func newTokenRevokeCmd() *cobra.Command {
+	var cf clientFlags
+	cmd := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke a join token (admins) or an API token, by the id 'kiln token ls' shows",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			id := url.PathEscape(args[0])
+			err = c.Do(cmd.Context(), "DELETE", "/v1/join-tokens/"+id, nil, nil)
+			if err == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "join token %s revoked\n", printable(args[0]))
+				return nil
+			}
+			if s := api.StatusOf(err); s != 404 && s != 403 {
+				return apiErr(err)
+			}
+			if err := c.Do(cmd.Context(), "DELETE", "/v1/tokens/"+id, nil, nil); err != nil {
+				return apiErr(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "token %s revoked\n", printable(args[0]))
+			return nil
+		},
+	}
+	cf.add(cmd)
 	return cmd
 }
 
@@ -272,6 +331,25 @@ func writeProjectTable(w io.Writer, ps []api.Project) error {
 	fmt.Fprintln(tw, "PROJECT\tWEIGHT\tMAX GPUS\tGPU-HOURS\tHELD\tUSED H\tQUEUED\tMEMBERS")
 	for _, p := range ps {
 		fmt.Fprintf(tw, "%s\t%g\t%g\t%g\t%g\t%.1f\t%d\t[%s]\n", cell(p.Name), p.Weight, p.MaxGPUs, p.GPUHours, p.HeldGPUs, p.UsedHours, p.QueuedLease, cells(p.Members, " "))
+	}
+	return tw.Flush()
+}
+
+func writeJoinTokenTable(w io.Writer, toks []api.JoinToken) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOIN TOKEN\tUSED\tCREATED\tEXPIRES\tSTATE")
+	now := time.Now()
+	for _, t := range toks {
+		state := "valid"
+		switch {
+		case t.Revoked != nil:
+			state = "revoked " + t.Revoked.Local().Format(time.DateTime)
+		case !now.Before(t.Expires):
+			state = "expired"
+		case t.Used >= t.Uses:
+			state = "used up"
+		}
+		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\n", cell(t.ID), t.Used, t.Uses, t.Created.Local().Format(time.DateTime), t.Expires.Local().Format(time.DateTime), state)
 	}
 	return tw.Flush()
 }
