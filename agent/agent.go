@@ -71,6 +71,9 @@ type Agent struct {
 	client *api.Client
 	log    *slog.Logger
 	node   string
+	// sandbox is what the process executor gives every job (nil when it
+	// does not say).
+	sandbox *api.Sandbox
 
 	mu       sync.Mutex
 	jobs     map[string]*job // running, or ended with the exit not yet acknowledged
@@ -111,8 +114,22 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, client: c, log: cfg.Logger.With("node", cfg.Identity.Node), node: cfg.Identity.Node,
-		jobs: map[string]*job{}, done: map[string]bool{}, logsCut: map[string]bool{}}, nil
+	a := &Agent{cfg: cfg, client: c, log: cfg.Logger.With("node", cfg.Identity.Node), node: cfg.Identity.Node,
+		jobs: map[string]*job{}, done: map[string]bool{}, logsCut: map[string]bool{}}
+	if d, ok := cfg.Executor.(interface{ Delivered() process.Delivered }); ok {
+		a.sandbox = sandboxOf(d.Delivered())
+		for _, m := range a.sandbox.Missing {
+			a.log.Warn("jobs do not get", "what", m)
+		}
+	}
+	return a, nil
+}
+
+// sandboxOf is the statement of what jobs get, as the server takes it.
+func sandboxOf(d process.Delivered) *api.Sandbox {
+	return &api.Sandbox{User: d.User, OwnUser: d.OwnUser, PIDNamespace: d.PIDNamespace, MountNamespace: d.MountNamespace,
+		PrivateTmp: d.PrivateTmp, CleanEnv: d.CleanEnv, NoNewPrivs: d.NoNewPrivs, Cgroup: d.Cgroup, Devices: d.Devices,
+		Missing: append([]string(nil), d.Missing...)}
 }
 
 // Node is the agent's node name.
@@ -127,6 +144,7 @@ func (a *Agent) Node() string { return a.node }
 // their GPUs when the agent says they do not run, never grants GPUs that
 // an old job still uses.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.client.HTTP.CloseIdleConnections() // after the last exit report
 	defer a.stopAll()
 	if err := a.reap(ctx); err != nil {
 		return err
@@ -327,7 +345,7 @@ func (a *Agent) running() []string {
 
 func (a *Agent) register(ctx context.Context) error {
 	a.mu.Lock()
-	req := api.RegisterRequest{Snapshot: a.snap, Findings: a.finds, Recorded: a.cfg.Recorded, Executor: a.cfg.Executor.Name()}
+	req := api.RegisterRequest{Snapshot: a.snap, Findings: a.finds, Recorded: a.cfg.Recorded, Executor: a.cfg.Executor.Name(), Sandbox: a.sandbox}
 	if a.cfg.Containers != nil {
 		req.Containers = a.cfg.Containers.Name()
 	} else {
@@ -372,6 +390,10 @@ func (a *Agent) start(ctx context.Context, as api.Assignment) {
 	ej.Env["KILN_PROJECT"] = as.Project
 	ej.Env["KILN_JOB_ID"] = as.JobID
 	ej.Env["KILN_LEASE_ID"] = as.LeaseID
+	if as.User != "" {
+		ej.Env["KILN_USER"] = as.User
+	}
+	ej.Limits = executor.Limits{CPUMilli: as.Resources.CPUMilli, MemoryBytes: as.Resources.MemoryBytes}
 	if ej.WorkDir == "" {
 		ej.WorkDir = a.cfg.WorkDir
 	}
@@ -398,9 +420,29 @@ func (a *Agent) start(ctx context.Context, as api.Assignment) {
 	}
 	var h executor.Handle
 	err := fmt.Errorf("this node cannot run containers: %s", a.cfg.NoContainers)
+	if as.Spec.Image == "" {
+		// Never with less than the lease requires, whatever the server
+		// thinks this node gives.
+		var lack []string
+		for _, q := range as.Require {
+			if !a.sandbox.Has(q) {
+				lack = append(lack, q)
+			}
+		}
+		if len(lack) > 0 {
+			exe, err = nil, fmt.Errorf("the lease requires %s, which this node's jobs do not get", strings.Join(lack, ", "))
+		}
+	}
 	if exe != nil {
 		// The job outlives a server outage but not the agent.
-		h, err = exe.Start(context.WithoutCancel(ctx), ej)
+		sctx := context.WithoutCancel(ctx)
+		if pe, ok := exe.(interface {
+			StartWith(context.Context, executor.Job, process.JobOptions) (executor.Handle, error)
+		}); ok {
+			h, err = pe.StartWith(sctx, ej, process.JobOptions{User: as.User, Require: as.Require})
+		} else {
+			h, err = exe.Start(sctx, ej)
+		}
 	}
 	if err != nil {
 		close(j.logsEnd)

@@ -46,6 +46,7 @@ func TestLastAdminStaysAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	root2, _ := api.NewClient(c.url, tok.Secret, c.srv.CAPEM(), nil)
+	c.track(root2)
 	if err := c.admin.Do(ctx, "POST", "/v1/tokens", api.TokenRequest{User: "admin", Role: api.RoleMember}, nil); err != nil {
 		t.Fatalf("demoting admin while root2 is admin: %v", err)
 	}

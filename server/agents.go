@@ -269,6 +269,7 @@ func (s *Server) applySnapshot(n *nodeState, req api.RegisterRequest, b *batch) 
 	nd.Hostname = req.Snapshot.Host.Hostname
 	nd.Recorded = req.Recorded
 	nd.Executor = req.Executor
+	nd.Sandbox = req.Sandbox
 	nd.Containers, nd.NoContainers = req.Containers, ""
 	if req.Containers == "" {
 		nd.NoContainers = req.NoContainers
@@ -582,7 +583,8 @@ func (s *Server) orders(n *nodeState, run map[string]bool) api.HeartbeatReply {
 			continue
 		}
 		l := js.lease.l
-		a := api.Assignment{JobID: id, LeaseID: l.ID, Project: l.Project, Spec: js.j.Spec, Rank: t.Rank, Size: len(js.j.Tasks), EndsAt: l.EndsAt}
+		a := api.Assignment{JobID: id, LeaseID: l.ID, Project: l.Project, Spec: js.j.Spec, Rank: t.Rank, Size: len(js.j.Tasks), EndsAt: l.EndsAt,
+			User: l.User, Require: l.Request.Require, Resources: l.Request.Resources}
 		for _, al := range l.Allocations {
 			if al.Node == node {
 				a.Devices = al.Devices

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"kiln.dev/kiln/store"
@@ -38,6 +39,7 @@ type committer struct {
 	done    uint64 // ... and of the last one durable
 	writing bool   // a transaction is under way
 	err     error  // the last transaction failed: the store cannot write now
+	failing atomic.Pointer[error] // err, read without the lock
 	closed  bool
 	stop    chan struct{}
 	exited  chan struct{}
@@ -101,12 +103,15 @@ func (c *committer) write() {
 			c.log.Error("the store cannot write: kiln server answers 503 to changes and tries again every second", "err", err)
 		}
 		c.err = fmt.Errorf("the store cannot write (is the disk full?); kiln server takes no change until it can, and tries again every %s: %w", c.retry, err)
+		failed := c.err
+		c.failing.Store(&failed)
 		c.queue = append(ws, c.queue...)
 	} else {
 		if c.err != nil {
 			c.log.Warn("the store writes again: kiln server takes changes again")
 		}
 		c.err = nil
+		c.failing.Store(nil)
 		c.done = upto
 	}
 	c.written.Broadcast()
@@ -115,9 +120,10 @@ func (c *committer) write() {
 
 // failed is the store's error while it cannot write.
 func (c *committer) failed() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
+	if p := c.failing.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // run writes the changes nobody waits for (the ticker's), and tries again

@@ -210,6 +210,22 @@ func checkLeaseRequest(r *api.LeaseRequest) error {
 			return err
 		}
 	}
+	if len(r.Require) > 5 {
+		return errors.New("require: at most 5 items")
+	}
+	for _, q := range r.Require {
+		switch q {
+		case api.SandboxOwnUser, api.SandboxPIDNamespace, api.SandboxMountNamespace, api.SandboxCgroup, api.SandboxDevices:
+		default:
+			return fmt.Errorf("require %q: want %s, %s, %s, %s or %s", trunc(q), api.SandboxOwnUser, api.SandboxPIDNamespace, api.SandboxMountNamespace, api.SandboxCgroup, api.SandboxDevices)
+		}
+	}
+	if len(r.Require) > 0 && r.Job != nil && r.Job.Image != "" {
+		return errors.New("require is what a job run as a process gets; a job with an image runs in a container")
+	}
+	if r.Resources.CPUMilli < 0 || r.Resources.CPUMilli > 1<<20 || r.Resources.MemoryBytes > 1<<50 {
+		return errors.New("resources: cpu_milli 0 to 1048576, memory_bytes at most 2^50")
+	}
 	return nil
 }
 

@@ -204,18 +204,18 @@ func TestKillServerAndAgent(t *testing.T) {
 	t.Logf("%d leases acknowledged (%d before kill -9 of the server), all there after restart and done", len(acked), atKill)
 
 	// Kill the PCIe agent while it holds all four GPUs with a long job.
-	pidFile := filepath.Join(t.TempDir(), "job.pid")
+	// The job runs sandboxed (a uid of its own, its own PID namespace and
+	// /tmp): the test finds its process by its command line.
 	var big api.Lease
 	if err := admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 4, Constraints: api.Constraints{Nodes: []string{"pcie"}},
-		Job: &api.JobSpec{Command: []string{"/bin/sh", "-c", "echo $$ > " + pidFile + "; exec sleep 120"}}}, &big); err != nil {
+		Job: &api.JobSpec{Command: []string{"sleep", "121.5"}}}, &big); err != nil {
 		t.Fatal(err)
 	}
 	waitLease(t, admin, big.ID, 10*time.Second, func(l *api.Lease) bool { return l.State == api.LeaseGranted })
 	var jobPID int
 	for deadline := time.Now().Add(10 * time.Second); jobPID == 0; time.Sleep(50 * time.Millisecond) {
-		b, _ := os.ReadFile(pidFile)
-		jobPID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		if time.Now().After(deadline) {
+		jobPID = findProcess("sleep\x00121.5\x00")
+		if jobPID == 0 && time.Now().After(deadline) {
 			t.Fatal("the long job did not start")
 		}
 	}
@@ -254,6 +254,22 @@ func TestKillServerAndAgent(t *testing.T) {
 	if after.Holding {
 		t.Errorf("lost lease still holds its GPUs after the agent registered again")
 	}
+}
+
+// findProcess is the pid of a process whose command line is cmdline, 0 if
+// none.
+func findProcess(cmdline string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && string(b) == cmdline && processRuns(pid) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // processRuns reports whether pid is a live process (not a zombie).

@@ -70,7 +70,21 @@ type cluster struct {
 	admin  *api.Client
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	awg    sync.WaitGroup // the agents
 	agents map[string]context.CancelFunc
+	// clients are the API clients the test made: their connections are
+	// closed before the server shuts down, which otherwise waits a second
+	// for each HTTP/2 client to go after its GOAWAY.
+	mu      sync.Mutex
+	clients []*api.Client
+}
+
+// track keeps a client to close its connections at the end.
+func (c *cluster) track(cl *api.Client) *api.Client {
+	c.mu.Lock()
+	c.clients = append(c.clients, cl)
+	c.mu.Unlock()
+	return cl
 }
 
 func quietLogger() *slog.Logger {
@@ -102,6 +116,7 @@ func newCluster(t testing.TB, cfg server.Config) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.track(c.admin)
 	t.Cleanup(c.close)
 	return c
 }
@@ -110,6 +125,12 @@ func (c *cluster) close() {
 	for _, stop := range c.agents {
 		stop()
 	}
+	c.awg.Wait()
+	c.mu.Lock()
+	for _, cl := range c.clients {
+		cl.HTTP.CloseIdleConnections()
+	}
+	c.mu.Unlock()
 	c.cancel()
 	c.wg.Wait()
 	c.srv.Close()
@@ -137,8 +158,8 @@ func (c *cluster) addAgent(node string, s *snapshot.Snapshot, exe executor.Execu
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.agents[node] = cancel
-	c.wg.Add(1)
-	go func() { defer c.wg.Done(); a.Run(ctx) }()
+	c.awg.Add(1)
+	go func() { defer c.awg.Done(); a.Run(ctx) }()
 }
 
 // user makes a member token in the given projects.
@@ -152,7 +173,7 @@ func (c *cluster) user(name string, projects ...string) *api.Client {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	return cl
+	return c.track(cl)
 }
 
 func (c *cluster) project(name string, weight float64) {

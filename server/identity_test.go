@@ -32,7 +32,7 @@ func (c *cluster) joinWith(token, node string) (*fakeAgent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &fakeAgent{t: c.t.(*testing.T), node: node, cl: cl}, nil
+	return &fakeAgent{t: c.t.(*testing.T), node: node, cl: c.track(cl)}, nil
 }
 
 // fake joins a node with a fresh single-use token and registers a
@@ -321,5 +321,49 @@ func TestSnapshotPlausible(t *testing.T) {
 	c.admin.Do(context.Background(), "GET", "/v1/nodes/n1", nil, &n)
 	if n.Total != 8 {
 		t.Errorf("after the refused snapshots the node has %d GPUs, want its 8", n.Total)
+	}
+}
+
+// TestLeaseSandbox: a lease states what its node's sandbox gives its jobs;
+// a lease requiring what no node gives is refused with each node's reason,
+// one that some node gives goes only there, and the agent is told what the
+// lease requires.
+func TestLeaseSandbox(t *testing.T) {
+	c := newCluster(t, server.Config{})
+	ctx := context.Background()
+	strong := &api.Sandbox{User: "per-lease uid from 700000-799999", OwnUser: true, PIDNamespace: true, MountNamespace: true, CleanEnv: true,
+		Missing: []string{"cgroup: no cgroup v2 hierarchy at /sys/fs/cgroup"}}
+	weak := &api.Sandbox{User: "the agent's own user", Missing: []string{"own-user: jobs run as the agent's user"}}
+	for node, sb := range map[string]*api.Sandbox{"strong": strong, "weak": weak} {
+		jt, _ := c.srv.CreateJoinToken(ctx, 0)
+		a, err := c.joinWith(jt.Secret, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.cl.Do(ctx, "PUT", "/v1/agent/nodes/"+node, api.RegisterRequest{Snapshot: h100s(node, 8), Recorded: true, Sandbox: sb}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var l api.Lease
+	if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 1, Require: []string{api.SandboxCgroup}}, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.State != api.LeaseRefused || !strings.Contains(l.Reason, "cgroup") || !strings.Contains(l.Reason, "no cgroup v2 hierarchy") || !strings.Contains(l.Reason, "never runs them with less") {
+		t.Errorf("a lease requiring cgroup limits no node gives: %s %q, want refused with the nodes' reasons", l.State, l.Reason)
+	}
+	for i := 0; i < 3; i++ {
+		if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 1, Require: []string{api.SandboxOwnUser, api.SandboxPIDNamespace},
+			Job: &api.JobSpec{Command: []string{"true"}}}, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.State != api.LeaseGranted || len(l.Allocations) != 1 || l.Allocations[0].Node != "strong" {
+			t.Fatalf("a lease requiring its own user and PID namespace: %s on %+v", l.State, l.Allocations)
+		}
+		if got := l.Allocations[0].Sandbox; got == nil || got.User != strong.User || !got.PIDNamespace || got.Cgroup {
+			t.Errorf("the lease's statement of its sandbox: %+v", got)
+		}
+	}
+	if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 1, Require: []string{"root"}}, nil); api.StatusOf(err) != http.StatusBadRequest {
+		t.Errorf("requiring something unknown: %v, want 400", err)
 	}
 }

@@ -71,8 +71,27 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 				allowed = intersect(allowed, nodes)
 			}
 		}
+		sandboxRefusal := ""
+		if len(req.Require) > 0 {
+			nodes, why := s.sandboxNodes(req.Require)
+			if len(s.nodes) == 0 {
+				why = "no node has joined yet"
+			}
+			if len(nodes) == 0 {
+				// An empty list of nodes would mean any node.
+				sandboxRefusal = fmt.Sprintf("no node gives its jobs %s, and kiln never runs them with less: %s", strings.Join(req.Require, ", "), why)
+			}
+			if allowed == nil {
+				allowed = nodes
+			} else {
+				allowed = intersect(allowed, nodes)
+			}
+		}
 		if allowed != nil {
 			ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
+			if len(req.Require) > 0 && len(ls.req.Constraints.Nodes) == 0 && sandboxRefusal == "" {
+				sandboxRefusal = fmt.Sprintf("none of the nodes asked for gives its jobs %s", strings.Join(req.Require, ", "))
+			}
 		}
 		b := newBatch()
 		if req.Job != nil {
@@ -86,7 +105,9 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		s.leases[l.ID] = ls
 		b.lease(l)
 		b.event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
-		if reason := s.refusal(ls, allowed, noContainers); reason != "" {
+		if sandboxRefusal != "" {
+			s.finishLease(ls, api.LeaseRefused, sandboxRefusal, now, b)
+		} else if reason := s.refusal(ls, allowed, noContainers); reason != "" {
 			s.finishLease(ls, api.LeaseRefused, reason, now, b)
 		} else {
 			ls.checkFit = true
@@ -136,6 +157,32 @@ func sizeText(r api.LeaseRequest) string {
 	return "MIG instance " + r.MIG
 }
 
+// sandboxNodes are the nodes whose sandbox gives everything required, and
+// why the others do not (the first few).
+func (s *Server) sandboxNodes(require []string) ([]string, string) {
+	out := []string{}
+	var why []string
+	for _, n := range s.nodeList() {
+		sb := n.rec.Node.Sandbox
+		var lack []string
+		for _, q := range require {
+			if !sb.Has(q) {
+				lack = append(lack, q)
+			}
+		}
+		if len(lack) == 0 {
+			out = append(out, n.rec.Node.ID)
+		} else if len(why) < 5 {
+			detail := "it reports no sandbox"
+			if sb != nil {
+				detail = strings.Join(sb.Missing, "; ")
+			}
+			why = append(why, fmt.Sprintf("%s lacks %s (%s)", n.rec.Node.ID, strings.Join(lack, ", "), detail))
+		}
+	}
+	return out, strings.Join(why, "; ")
+}
+
 // containerNodes are the nodes that run jobs with an image, and why the
 // others do not.
 func (s *Server) containerNodes() ([]string, string) {
@@ -168,7 +215,7 @@ func (s *Server) refusal(ls *leaseState, allowed []string, noContainers string) 
 			return fmt.Sprintf("project %s used %.1f of its %g GPU-hours in this period", ps.p.Name, used, ps.p.GPUHours)
 		}
 	}
-	if allowed != nil && len(ls.req.Constraints.Nodes) == 0 {
+	if allowed != nil && len(ls.req.Constraints.Nodes) == 0 && ls.l.Request.Job != nil && ls.l.Request.Job.Image != "" {
 		if len(allowed) == 0 && noContainers != "" {
 			return fmt.Sprintf("image %s: no node can run containers (%s)", ls.l.Request.Job.Image, noContainers)
 		}

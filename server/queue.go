@@ -712,8 +712,9 @@ func (s *Server) releaseClaims(ls *leaseState) {
 func (s *Server) grant(ls *leaseState, pl Placement, now time.Time, b *batch) {
 	s.releaseClaims(ls)
 	l := ls.l
-	for _, a := range pl.Allocations {
+	for i, a := range pl.Allocations {
 		n := s.nodes[a.Node]
+		pl.Allocations[i].Sandbox = n.rec.Node.Sandbox
 		for _, g := range a.Devices {
 			n.byID[g.ID].hold(l.ID, g.MilliGPU, g.MemoryBytes)
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"kiln.dev/kiln/server/api"
@@ -165,10 +166,28 @@ func (s *Server) readBodyFirst(w http.ResponseWriter, r *http.Request, limit int
 		writeErr(w, http.StatusRequestEntityTooLarge, fmt.Errorf("%w: at most %d bytes here", errTooLarge, limit))
 		return false
 	}
-	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	// Most bodies are there at once: the read deadline is set (which
+	// costs the connection's loop a message each time) only once the body
+	// is late, to cut the read short.
+	var mu sync.Mutex
+	read, expired := false, false
+	late := time.AfterFunc(s.cfg.BodyTimeout, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !read {
+			expired = true
+			_ = rc.SetReadDeadline(time.Now())
+		}
+	})
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	mu.Lock()
+	read = true
+	mu.Unlock()
+	late.Stop()
 	if err == nil && int64(len(b)) <= limit {
-		_ = rc.SetReadDeadline(time.Time{}) // long polls may follow
+		if expired {
+			_ = rc.SetReadDeadline(time.Time{}) // long polls may follow
+		}
 		r.Body.Close()
 		r.Body = io.NopCloser(bytes.NewReader(b))
 		return true

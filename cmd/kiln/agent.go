@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/agent"
+	"kiln.dev/kiln/server/api"
 	"kiln.dev/kiln/snapshot"
 )
 
@@ -58,7 +59,10 @@ func (f *agentFlags) run(ctx context.Context, id *agent.Identity) error {
 		}
 		return s, err
 	}
-	proc, ctr, noCtr := f.ctr.executors(ctx, id.Node, f.stateDir(), slog.Default())
+	proc, ctr, noCtr, err := f.ctr.executors(ctx, id.Node, f.stateDir(), []string{defaultDataDir(), filepath.Dir(api.DefaultConfigPath())}, slog.Default())
+	if err != nil {
+		return &exitError{code: 3, err: err}
+	}
 	if noCtr != "" {
 		slog.Info("jobs that name an image do not run on this node", "reason", noCtr)
 	}

@@ -164,7 +164,10 @@ again.`,
 					return &exitError{code: 3, err: err}
 				}
 				state := filepath.Join(f.data, "agents", n.name)
-				proc, ctr, noCtr := ctrFlags.executors(ctx, n.name, state, log)
+				proc, ctr, noCtr, err := ctrFlags.executors(ctx, n.name, state, []string{f.data, filepath.Dir(cfgPathOf(configPath))}, log)
+				if err != nil {
+					return &exitError{code: 3, err: err}
+				}
 				a, err := agent.New(agent.Config{Identity: id, Executor: proc, Containers: ctr, NoContainers: noCtr, CDIDir: ctrFlags.cdiDir,
 					Discover: n.discover, Recorded: n.recorded, Heartbeat: heartbeat, Logger: log})
 				if err != nil {
@@ -202,6 +205,13 @@ func localIdentity(ctx context.Context, srv *server.Server, url, node, dir strin
 		return nil, err
 	}
 	return agent.Join(ctx, url, jt.Secret, srv.CAFingerprint(), node, dir)
+}
+
+func cfgPathOf(path string) string {
+	if path == "" {
+		return api.DefaultConfigPath()
+	}
+	return path
 }
 
 // writeUserConfig saves the admin configuration where the CLI looks,

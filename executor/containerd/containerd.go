@@ -72,6 +72,10 @@ type Config struct {
 	// PollInterval is how often a log reader looks for new output
 	// (100 ms when zero).
 	PollInterval time.Duration
+	// JobUID and JobGID are who a container runs as when its image names
+	// no user, or root (default 65534, nobody): no job runs as root. An
+	// image's own non-root user is kept.
+	JobUID, JobGID uint32
 	// Node is the kiln node the containers run for (label kiln.dev/node):
 	// Reap stops only that node's, where several agents share a host.
 	Node   string

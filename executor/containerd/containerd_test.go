@@ -262,3 +262,35 @@ func TestFollowerReadsUntilTheEnd(t *testing.T) {
 		t.Errorf("missing log: %v", err)
 	}
 }
+
+// TestSpecIsolation: a container never runs as root (an image's own
+// non-root user is kept), with no capability, no new privileges and the
+// default seccomp profile.
+func TestSpecIsolation(t *testing.T) {
+	e := &Executor{cfg: Config{MPSPipeDir: filepath.Join(t.TempDir(), "no-mps")}}
+	opts, err := e.specOpts(executor.Job{ID: "j1", Command: []string{"id"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := namespaces.WithNamespace(context.Background(), "kiln")
+	s, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: "j1"}, opts[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Process.User.UID == 0 || s.Process.User.GID == 0 {
+		t.Errorf("the container runs as %+v, want not root", s.Process.User)
+	}
+	if c := s.Process.Capabilities; c == nil || len(c.Bounding)+len(c.Effective)+len(c.Permitted)+len(c.Ambient) != 0 {
+		t.Errorf("capabilities %+v, want none", c)
+	}
+	if !s.Process.NoNewPrivileges {
+		t.Error("no_new_privileges not set")
+	}
+	if s.Linux.Seccomp == nil || len(s.Linux.Seccomp.Syscalls) == 0 {
+		t.Error("no seccomp profile")
+	}
+	own := &oci.Spec{Process: &specs.Process{User: specs.User{UID: 1000, GID: 1000}}}
+	if err := e.withoutRoot()(ctx, nil, nil, own); err != nil || own.Process.User.UID != 1000 {
+		t.Errorf("an image's own user: %+v %v, want kept", own.Process.User, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -22,7 +23,10 @@ const cfsPeriod = 100_000
 // specOpts turns a job into OCI spec edits, applied after the image's own
 // configuration.
 func (e *Executor) specOpts(job executor.Job, image oci.Image) ([]oci.SpecOpts, error) {
-	opts := []oci.SpecOpts{oci.WithImageConfig(image)}
+	// The image's configuration, then what no job escapes: not root, no
+	// capability, no new privileges, the default seccomp profile. The only
+	// host paths mounted are the CDI devices (and MPS's pipe directory).
+	opts := []oci.SpecOpts{oci.WithImageConfig(image), e.withoutRoot(), oci.WithCapabilities([]string{}), oci.WithNoNewPrivileges, seccomp.WithDefaultProfile()}
 	if len(job.Command) > 0 {
 		opts = append(opts, oci.WithProcessArgs(job.Command...))
 	}
@@ -66,6 +70,27 @@ func (e *Executor) specOpts(job executor.Job, image oci.Image) ([]oci.SpecOpts, 
 		}
 	}
 	return opts, nil
+}
+
+// withoutRoot makes a container whose image runs it as root (or names no
+// user) run as the job user instead.
+func (e *Executor) withoutRoot() oci.SpecOpts {
+	uid, gid := e.cfg.JobUID, e.cfg.JobGID
+	if uid == 0 {
+		uid, gid = 65534, 65534
+	}
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process == nil {
+			s.Process = &specs.Process{}
+		}
+		if s.Process.User.UID == 0 {
+			s.Process.User = specs.User{UID: uid, GID: gid}
+		}
+		if s.Process.User.GID == 0 {
+			s.Process.User.GID = gid
+		}
+		return nil
+	}
 }
 
 // jobEnv is the job's environment as sorted KEY=value pairs.

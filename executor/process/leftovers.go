@@ -42,6 +42,9 @@ func (e *Executor) writeRecord(r record) error {
 	if err := os.MkdirAll(e.StateDir, 0o700); err != nil {
 		return err
 	}
+	if err := os.Chmod(e.StateDir, 0o700); err != nil { // also when it was made wider
+		return err
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -107,6 +110,29 @@ var _ executor.Reaper = (*Executor)(nil)
 // (its start time differs) is left alone. Without a StateDir there is
 // nothing to find.
 func (e *Executor) Reap(ctx context.Context, grace time.Duration) ([]executor.Leftover, error) {
+	out, err := e.reapRecords(ctx, grace)
+	if e.Sandbox != nil {
+		// What escaped its process group (and, without a PID namespace,
+		// outlived its init) still runs under a job uid: nothing of a
+		// previous run may keep a GPU or a uid the next lease gets.
+		if sb := e.sandboxDefaults(); sb.Users != UsersFixed {
+			// Not those another executor of this process gave out.
+			for uid := range uidsOfProcesses() {
+				if uid >= sb.FirstUID && uid <= sb.LastUID && !jobUsers.has(uid) {
+					killUID(uid)
+				}
+			}
+			if ents, rerr := os.ReadDir(sb.WorkRoot); rerr == nil {
+				for _, ent := range ents {
+					_ = os.RemoveAll(filepath.Join(sb.WorkRoot, ent.Name()))
+				}
+			}
+		}
+	}
+	return out, err
+}
+
+func (e *Executor) reapRecords(ctx context.Context, grace time.Duration) ([]executor.Leftover, error) {
 	if e.StateDir == "" {
 		return nil, nil
 	}

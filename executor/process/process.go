@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +35,15 @@ type Executor struct {
 	// and start time), removed when the job ends; Reap finds there the
 	// jobs of a previous run that crashed.
 	StateDir string
+	// Sandbox keeps jobs away from kiln and from each other (a user of
+	// their own, namespaces, a clean environment); nil: jobs run as the
+	// agent's user with its environment, as a library caller may want. kiln
+	// agent always sets one.
+	Sandbox *Sandbox
+
+	probeOnce sync.Once
+	delivered Delivered
+	nsFlags   uintptr
 }
 
 // Name implements executor.Executor.
@@ -40,6 +51,21 @@ func (e *Executor) Name() string { return "process" }
 
 // Start implements executor.Executor.
 func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle, error) {
+	return e.StartWith(ctx, job, JobOptions{})
+}
+
+func checkJob(job executor.Job) error {
+	if len(job.Command) == 0 {
+		return errors.New("process executor: the job has no command")
+	}
+	if job.Image != "" {
+		return fmt.Errorf("process executor: job %s names image %s; images run in the containerd executor", job.ID, job.Image)
+	}
+	return nil
+}
+
+// startPlain runs a job as the agent's user (no sandbox).
+func (e *Executor) startPlain(ctx context.Context, job executor.Job) (executor.Handle, error) {
 	if len(job.Command) == 0 {
 		return nil, errors.New("process executor: the job has no command")
 	}
@@ -61,7 +87,7 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 	cmd.Stdout, cmd.Stderr = h.logs, h.logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if job.Limits.CPUMilli > 0 || job.Limits.MemoryBytes > 0 {
-		dir, fd, err := e.cgroup(job)
+		dir, fd, err := e.cgroup(job, 0)
 		if err != nil {
 			fmt.Fprintf(h.logs, "kiln: cgroup limits not applied: %v\n", err)
 		} else {
@@ -92,13 +118,34 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 	return h, nil
 }
 
-// cgroup makes the job's cgroup with its limits and opens it for
-// CLONE_INTO_CGROUP.
-func (e *Executor) cgroup(job executor.Job) (string, int, error) {
-	parent := e.CgroupParent
-	if parent == "" {
-		parent = "/sys/fs/cgroup/kiln"
+func (e *Executor) cgroupParent() string {
+	if e.CgroupParent != "" {
+		return e.CgroupParent
 	}
+	return "/sys/fs/cgroup/kiln"
+}
+
+// cgroupRoot says why jobs get no cgroup here, or nil: a cgroup v2
+// hierarchy whose cpu, memory and pids controllers kiln may enable.
+func (e *Executor) cgroupRoot() error {
+	root := filepath.Dir(e.cgroupParent())
+	b, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("no cgroup v2 hierarchy at %s", root)
+	}
+	have := strings.Fields(string(b))
+	for _, c := range []string{"cpu", "memory", "pids"} {
+		if !slices.Contains(have, c) {
+			return fmt.Errorf("the cgroup v2 hierarchy at %s has no %s controller (it has: %s)", root, c, strings.Join(have, " "))
+		}
+	}
+	return nil
+}
+
+// cgroup makes the job's cgroup with its limits (pidsMax > 0: a pids
+// limit too) and opens it for CLONE_INTO_CGROUP.
+func (e *Executor) cgroup(job executor.Job, pidsMax int) (string, int, error) {
+	parent := e.cgroupParent()
 	root := filepath.Dir(parent)
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
 		return "", -1, fmt.Errorf("no cgroup v2 hierarchy at %s", root)
@@ -106,8 +153,8 @@ func (e *Executor) cgroup(job executor.Job) (string, int, error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return "", -1, fmt.Errorf("%s: %w", parent, err)
 	}
-	_ = os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+cpu +memory"), 0)
-	_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+cpu +memory"), 0)
+	_ = os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0)
+	_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0)
 	dir := filepath.Join(parent, "job-"+filepath.Base(job.ID))
 	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		return "", -1, fmt.Errorf("%s: %w", dir, err)
@@ -125,6 +172,12 @@ func (e *Executor) cgroup(job executor.Job) (string, int, error) {
 			return "", -1, fmt.Errorf("memory.max: %w", err)
 		}
 	}
+	if pidsMax > 0 {
+		if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(pidsMax)), 0); err != nil {
+			os.Remove(dir)
+			return "", -1, fmt.Errorf("pids.max: %w", err)
+		}
+	}
 	fd, err := syscall.Open(dir, syscall.O_DIRECTORY|syscall.O_RDONLY, 0)
 	if err != nil {
 		os.Remove(dir)
@@ -139,6 +192,13 @@ type handle struct {
 	cgroup string
 	record string // the job's record file, removed when it ends
 	done   chan struct{}
+	// A sandboxed job runs under a job init: status is its reports,
+	// jobPID the job's process group when it has no PID namespace (0
+	// otherwise: killing the init ends the namespace), cleanup gives back
+	// its directory and user.
+	status  *initStatus
+	jobPID  int
+	cleanup func()
 
 	mu      sync.Mutex
 	exit    executor.Exit
@@ -157,6 +217,20 @@ func (h *handle) wait() {
 	} else if err != nil {
 		ex.Code, ex.Reason = -1, err.Error()
 	}
+	if h.status != nil {
+		// The init reports how the job itself ended.
+		if last := h.status.lastReport(); last != "" {
+			if jex, ok := exitOf(last); ok {
+				ex.Code, ex.Signal = jex.Code, jex.Signal
+			}
+		} else if ex.Signal == "" {
+			ex.Code, ex.Reason = -1, "the job init ended without a report"
+		}
+		h.status.c.Close()
+		if h.jobPID > 0 {
+			_ = syscall.Kill(-h.jobPID, syscall.SIGKILL)
+		}
+	}
 	// The leader is gone; end what it left in its group.
 	_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
 	h.mu.Lock()
@@ -168,6 +242,9 @@ func (h *handle) wait() {
 	h.removeCgroup()
 	if h.record != "" {
 		_ = os.Remove(h.record)
+	}
+	if h.cleanup != nil {
+		h.cleanup()
 	}
 	h.logs.Close()
 	close(h.done)
@@ -216,6 +293,9 @@ func (h *handle) Stop(ctx context.Context, grace time.Duration) error {
 	case <-ctx.Done():
 	}
 	_ = syscall.Kill(pgid, syscall.SIGKILL)
+	if h.jobPID > 0 {
+		_ = syscall.Kill(-h.jobPID, syscall.SIGKILL)
+	}
 	select {
 	case <-h.done:
 		return nil

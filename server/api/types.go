@@ -91,6 +91,65 @@ type LeaseRequest struct {
 	// Job, when set, runs as soon as the lease is granted; the lease ends
 	// when the job ends.
 	Job *JobSpec `json:"job,omitempty"`
+	// Require lists what the lease's jobs must get from the node's
+	// sandbox (SandboxOwnUser, ...): the lease goes only to nodes that give
+	// it, and is refused when none could; never run with less.
+	Require []string `json:"require,omitempty"`
+	// Resources are host limits for each job (cgroup v2 where the node has
+	// it; the node's sandbox says whether).
+	Resources Resources `json:"resources,omitzero"`
+}
+
+// Resources are a job's host limits; 0: none asked.
+type Resources struct {
+	CPUMilli    int    `json:"cpu_milli,omitempty"`
+	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
+}
+
+// What a node's sandbox can give a job, by the names leases require them.
+const (
+	SandboxOwnUser        = "own-user"        // a uid of its own: not root, not the agent's
+	SandboxPIDNamespace   = "pid-namespace"   // sees only its own processes
+	SandboxMountNamespace = "mount-namespace" // kiln's files hidden, /tmp and /dev/shm private
+	SandboxCgroup         = "cgroup"          // CPU, memory and pids limits enforced
+	SandboxDevices        = "devices"         // only the lease's GPU device nodes reachable
+)
+
+// Sandbox is what a node's process executor gives every job, and what it
+// cannot give and why. Nodes report it; leases state it per allocation;
+// jobs find it in KILN_SANDBOX.
+type Sandbox struct {
+	User           string   `json:"user"`
+	OwnUser        bool     `json:"own_user"`
+	PIDNamespace   bool     `json:"pid_namespace"`
+	MountNamespace bool     `json:"mount_namespace"`
+	PrivateTmp     bool     `json:"private_tmp"`
+	CleanEnv       bool     `json:"clean_env"`
+	NoNewPrivs     bool     `json:"no_new_privileges"`
+	Cgroup         bool     `json:"cgroup"`
+	Devices        bool     `json:"devices"`
+	Missing        []string `json:"missing,omitempty"`
+}
+
+// Has reports whether the sandbox gives what is named (SandboxOwnUser, ...);
+// a nil sandbox gives nothing.
+func (s *Sandbox) Has(what string) bool {
+	if s == nil {
+		return false
+	}
+	switch what {
+	case SandboxOwnUser:
+		return s.OwnUser
+	case SandboxPIDNamespace:
+		return s.PIDNamespace
+	case SandboxMountNamespace:
+		return s.MountNamespace
+	case SandboxCgroup:
+		return s.Cgroup
+	case SandboxDevices:
+		return s.Devices
+	}
+	return false
 }
 
 // Constraints narrow where a lease may be placed.
@@ -136,6 +195,9 @@ type DeviceGrant struct {
 type Allocation struct {
 	Node    string        `json:"node"`
 	Devices []DeviceGrant `json:"devices"`
+	// Sandbox is what the node's jobs get (as the node said when the
+	// lease was granted).
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
 }
 
 // Lease is GPUs granted (or asked for) for a time.
@@ -233,15 +295,17 @@ type Node struct {
 	Executor string `json:"executor,omitempty"`
 	// Containers is the executor of jobs with an image ("containerd");
 	// empty when the node cannot run them, NoContainers says why.
-	Containers   string    `json:"containers,omitempty"`
-	NoContainers string    `json:"no_containers,omitempty"`
-	Driver       string    `json:"driver,omitempty"`
-	CUDA         string    `json:"cuda,omitempty"`
-	Devices      []Device  `json:"devices"`
-	Findings     []Finding `json:"findings,omitempty"`
-	Joined       time.Time `json:"joined_at"`
-	Free         float64   `json:"free_gpus"`
-	Total        int       `json:"total_gpus"`
+	Containers   string `json:"containers,omitempty"`
+	NoContainers string `json:"no_containers,omitempty"`
+	Driver       string `json:"driver,omitempty"`
+	CUDA         string `json:"cuda,omitempty"`
+	// Sandbox is what the node's process executor gives every job.
+	Sandbox  *Sandbox  `json:"sandbox,omitempty"`
+	Devices  []Device  `json:"devices"`
+	Findings []Finding `json:"findings,omitempty"`
+	Joined   time.Time `json:"joined_at"`
+	Free     float64   `json:"free_gpus"`
+	Total    int       `json:"total_gpus"`
 }
 
 // Finding is a doctor finding the agent reports with its snapshot.
@@ -405,6 +469,8 @@ type RegisterRequest struct {
 	// empty when the node runs none; NoContainers then says why.
 	Containers   string `json:"containers,omitempty"`
 	NoContainers string `json:"no_containers,omitempty"`
+	// Sandbox is what the process executor gives every job.
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
 	// Running lists the jobs the agent runs now.
 	Running []string `json:"running,omitempty"`
 }
@@ -435,6 +501,11 @@ type Assignment struct {
 	Rank    int           `json:"rank"`
 	Size    int           `json:"size"`
 	EndsAt  *time.Time    `json:"ends_at,omitempty"`
+	// User is the kiln user the lease is for; Require what its jobs must
+	// get; Resources their host limits.
+	User      string    `json:"user,omitempty"`
+	Require   []string  `json:"require,omitempty"`
+	Resources Resources `json:"resources,omitzero"`
 }
 
 // StopOrder asks the agent to stop a job after a grace period.
