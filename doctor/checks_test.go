@@ -244,6 +244,10 @@ func TestChecksFire(t *testing.T) {
 				Message: "Failed to initialize NVML: Driver/library version mismatch"})
 		}},
 		{"nic-locality", Info, g1, func(s *snapshot.Snapshot) { twoSockets(s) }},
+		{"bandwidth-below-rating", Warning, g1, func(s *snapshot.Snapshot) {
+			s.Measurements = &snapshot.Measurements{Results: []snapshot.Measurement{{Test: "h2d", Devices: []string{g1}, Memory: "pinned",
+				Direction: "uni", Repetitions: 10, MedianGBps: 20, RatedGBps: 63, Verdict: snapshot.VerdictBelowRating}}}
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.id+"/"+c.sev.String(), func(t *testing.T) {

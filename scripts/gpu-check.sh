@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # gpu-check.sh: run kiln on a real GPU machine and compare what it finds with
-# nvidia-smi. Read-only: it never changes a GPU setting (no nvidia-smi -pm,
-# -r, -mig, -pl, -ac or the like; nvidia-smi is only asked to print).
+# nvidia-smi, then measure the GPUs' links with kiln bench and judge them
+# against their ratings. It never changes a GPU setting (no nvidia-smi -pm,
+# -r, -mig, -pl, -ac or the like; nvidia-smi is only asked to print; kiln
+# bench only allocates memory and copies).
 #
 # Usage: scripts/gpu-check.sh
 #
 # Environment:
 #   OUT       when set, results are written there: summary.txt, inventory.json,
 #             topo.txt, doctor.json, doctor-from.json, nvidia-smi-q.xml,
-#             nvidia-smi-topo.txt and bundle.tar.gz (the record bundle)
+#             nvidia-smi-topo.txt, bundle.tar.gz (the record bundle),
+#             bench.json, bench.txt, bench-record.json (kiln bench --record)
+#             and doctor-bench.json (kiln doctor on that record)
 #   KILN_BIN  use this kiln binary instead of building one with go
 #   STEP_TIMEOUT  seconds each step may take (default 180)
+#   BENCH_ARGS    more arguments for kiln bench (default none; for example
+#                 "--size 64MiB -n 5" for a quicker run)
 #
-# Exit status: 0 when every step ran (doctor findings are not failures),
-# 1 when a step failed: build error, kiln could not run, or a crash.
+# Exit status: 0 when every step ran (doctor findings and figures below
+# their rating are not failures), 1 when a step failed: build error, kiln
+# could not run, or a crash.
 
 set -u -o pipefail
 
@@ -118,6 +125,51 @@ PY
 	fi
 }
 
+# bench_table FILE: the short table of a kiln bench JSON report: each GPU's
+# host link (pinned memory on its own NUMA node) and memory, the slowest and
+# the fastest GPU pair one way and both ways, the collectives; each figure
+# beside its rating with the ratio and verdict.
+bench_table() {
+	local f=$1
+	[[ -s $f ]] || { echo "  (no kiln bench results)"; return 0; }
+	if ! command -v python3 >/dev/null 2>&1; then
+		echo "  (python3 needed to print the bench table; see bench.txt)"
+		return 0
+	fi
+	python3 - "$f" <<'PY' 2>/dev/null || echo "  (bench.json could not be read)"
+import json, sys
+r = json.load(open(sys.argv[1]))
+res = r.get("results") or []
+unit = {"bidi": "GB/s (bidi)", "read+write": "GB/s (r+w)", "bus": "GB/s (bus)"}
+def fig(v, d):
+    return "-" if not v else "%.1f %s" % (v, unit.get(d, "GB/s (uni)"))
+rows = []
+for m in res:
+    t = m.get("test")
+    if t in ("h2d", "d2h") and m.get("memory") == "pinned" and m.get("host_local") is not False:
+        rows.append(m)
+    elif t == "device" or t in ("all-reduce", "all-gather", "reduce-scatter"):
+        rows.append(m)
+for t in ("p2p", "p2p-bidi"):
+    pairs = sorted([m for m in res if m.get("test") == t and m.get("median_gbps")], key=lambda m: m["median_gbps"])
+    rows += pairs[:1] + pairs[-1:] if len(pairs) > 1 else pairs
+lat = sorted([m for m in res if m.get("test") == "p2p-latency" and m.get("median_us")], key=lambda m: m["median_us"])
+print("  threshold %s%%, median of %s runs, %s below rating, %s failed" % (
+    r.get("threshold_percent"), max([m.get("repetitions", 0) for m in res] or [0]),
+    sum(m.get("verdict") == "below-rating" for m in res), sum(m.get("verdict") == "failed" for m in res)))
+print("  %-14s %-26s %-18s %-18s %6s  %s" % ("test", "link", "measured", "rated", "ratio", "verdict"))
+for m in rows:
+    d = m.get("direction")
+    ratio = "%.0f%%" % (100 * m["ratio"]) if m.get("ratio") else "-"
+    print("  %-14s %-26s %-18s %-18s %6s  %s" % (m.get("test"), (m.get("link") or "-")[:26], fig(m.get("median_gbps"), d),
+          fig(m.get("rated_gbps"), d), ratio, m.get("verdict")))
+if lat:
+    print("  p2p latency (8-byte copy): %.2f to %.2f us" % (lat[0]["median_us"], lat[-1]["median_us"]))
+for n in r.get("notes") or []:
+    print("  note: " + n)
+PY
+}
+
 # severities FILE: "critical N, warning N, info N" from a doctor JSON report.
 severities() {
 	local f=$1
@@ -140,6 +192,8 @@ if [[ -n $kiln ]]; then
 	skip_step build "KILN_BIN=$kiln"
 else
 	kiln=/tmp/kiln
+	export CGO_ENABLED=1
+	export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
 	run_step build "$work/build.out" 0 go build -o "$kiln" ./cmd/kiln
 	if ((failed)); then
 		echo "gpu-check: cannot build kiln; nothing else to run" >&2
@@ -177,6 +231,19 @@ else
 	skip_step doctor-from "no nvidia-smi captures"
 fi
 
+# --- kiln bench: measured links beside their ratings ------------------------
+# Exit 1 (a figure below its rating) and 2 (a test could not run) still
+# leave results to read; 3 means it could not measure at all.
+read -r -a bench_args <<<"${BENCH_ARGS:-}"
+run_step bench "$dest/bench.json" 2 "$kiln" bench -o json --no-progress --record "$dest/bench-record.json" "${bench_args[@]}"
+if [[ -s $dest/bench-record.json ]]; then
+	run_step bench-text "$dest/bench.txt" 2 "$kiln" bench --from "$dest/bench-record.json"
+	run_step doctor-bench "$dest/doctor-bench.json" 2 "$kiln" doctor -o json --from "$dest/bench-record.json"
+else
+	skip_step bench-text "kiln bench recorded nothing"
+	skip_step doctor-bench "kiln bench recorded nothing"
+fi
+
 # The bundle comes back as one archive.
 nvml_gpus="-"
 if [[ -d $dest/bundle ]]; then
@@ -210,6 +277,10 @@ summary() {
 	echo "Doctor findings"
 	printf '  %-22s %s\n' "live" "$(severities "$dest/doctor.json")"
 	printf '  %-22s %s\n' "from nvidia-smi" "$(severities "${dest}/doctor-from.json")"
+	printf '  %-22s %s\n' "from kiln bench" "$(severities "${dest}/doctor-bench.json")"
+	echo
+	echo "kiln bench (measured vs rated)"
+	bench_table "$dest/bench.json"
 	echo
 	echo "Steps"
 	printf '  %-16s %8s %4s  %s\n' step seconds rc status

@@ -41,6 +41,10 @@ func Merge(parts ...*Snapshot) *Snapshot {
 			m := *p.Matrix
 			out.Matrix = &m
 		}
+		if out.Measurements == nil && p.Measurements != nil {
+			m := *p.Measurements
+			out.Measurements = &m
+		}
 		out.Events = append(out.Events, p.Events...)
 		out.Claims = append(out.Claims, p.Claims...)
 		out.Notes = append(out.Notes, p.Notes...)

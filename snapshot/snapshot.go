@@ -54,6 +54,9 @@ type Snapshot struct {
 	// Notes are things a source wants the reader to know that are not data:
 	// "NVML library not found", a warning banner printed by a tool.
 	Notes []Note `json:"notes,omitempty"`
+	// Measurements are bandwidth and latency figures measured on the node
+	// (kiln bench --record), each beside the rating of its link.
+	Measurements *Measurements `json:"measurements,omitempty"`
 }
 
 // Source says where data came from.
@@ -567,4 +570,96 @@ type TopoMatrix struct {
 	// Weights and Hops per pair where printed (rocm-smi).
 	Weights [][]int `json:"weights,omitempty"`
 	Hops    [][]int `json:"hops,omitempty"`
+}
+
+// Verdicts of a Measurement.
+const (
+	// VerdictOK: at or above the threshold share of the rating.
+	VerdictOK = "ok"
+	// VerdictBelowRating: under the threshold share of the rating.
+	VerdictBelowRating = "below-rating"
+	// VerdictNotRated: no rating is known for the link.
+	VerdictNotRated = "not-rated"
+	// VerdictNotJudged: a figure kept for reference (pageable memory,
+	// latency), never compared with a rating.
+	VerdictNotJudged = "not-judged"
+	// VerdictFailed: the test could not run; Error says why.
+	VerdictFailed = "failed"
+)
+
+// Measurements are the results of one kiln bench run on the node.
+type Measurements struct {
+	// Tool is "kiln bench" and its version.
+	Tool string `json:"tool"`
+	// Driver is the GPU API measured through ("cuda", "hip") and its version.
+	Driver        string `json:"driver"`
+	DriverVersion string `json:"driver_version,omitempty"`
+	// Collectives is the collective library ("nccl 2.21.5", "rccl 2.18.3"),
+	// empty when none was loaded.
+	Collectives string    `json:"collectives,omitempty"`
+	At          time.Time `json:"at,omitzero"`
+	// ThresholdPercent is the share of the rating below which a figure is
+	// below-rating (70 unless set).
+	ThresholdPercent float64 `json:"threshold_percent"`
+	// Ranks is the number of GPUs in a collective run over several nodes
+	// (0 when the collectives ran on this node's GPUs only).
+	Ranks   int           `json:"ranks,omitempty"`
+	Results []Measurement `json:"results"`
+	// Notes say what was not measured and why.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Measurement is one figure: the median of repeated runs of one test.
+type Measurement struct {
+	// Test is h2d, d2h, device, p2p, p2p-bidi, p2p-latency, all-reduce,
+	// all-gather or reduce-scatter.
+	Test string `json:"test"`
+	// Devices are the canonical PCI addresses of the GPUs measured (one for
+	// host and device tests, source then destination for p2p, every GPU
+	// for collectives); GPUs are their indexes in the Snapshot.
+	Devices []string `json:"devices"`
+	GPUs    []int    `json:"gpus"`
+	// Memory is pinned or pageable for host transfers.
+	Memory string `json:"memory,omitempty"`
+	// HostNUMANode is the NUMA node of the host memory; HostLocal says
+	// whether it is the GPU's own node. Nil when unknown or not placed.
+	HostNUMANode *int  `json:"host_numa_node,omitempty"`
+	HostLocal    *bool `json:"host_local,omitempty"`
+	// PeerAccess says whether the driver gave direct peer access between
+	// the two GPUs of a p2p test (false: copies were staged through host
+	// memory).
+	PeerAccess *bool `json:"peer_access,omitempty"`
+	// Bytes is the size of one copy (the buffer size for collectives, as
+	// nccl-tests prints it); Copies the copies per timed run.
+	Bytes       int64 `json:"bytes"`
+	Copies      int   `json:"copies,omitempty"`
+	Warmup      int   `json:"warmup"`
+	Repetitions int   `json:"repetitions"`
+	// Direction is uni (one direction), bidi (both directions added),
+	// read+write (device memory: bytes read plus bytes written) or bus
+	// (collectives: bus bandwidth, comparable with one direction of the
+	// slowest link).
+	Direction string `json:"direction,omitempty"`
+	// Bandwidth figures in GB/s (10^9 bytes per second): the median of
+	// the repetitions, and the slowest and fastest.
+	MedianGBps float64 `json:"median_gbps,omitempty"`
+	MinGBps    float64 `json:"min_gbps,omitempty"`
+	MaxGBps    float64 `json:"max_gbps,omitempty"`
+	// AlgGBps is a collective's algorithm bandwidth (size / time), median.
+	AlgGBps float64 `json:"alg_gbps,omitempty"`
+	// Latency figures in microseconds for latency tests.
+	MedianUS float64 `json:"median_us,omitempty"`
+	MinUS    float64 `json:"min_us,omitempty"`
+	MaxUS    float64 `json:"max_us,omitempty"`
+	// Link names what was measured ("GPU0 host link", "GPU0-GPU1 NV18").
+	Link string `json:"link,omitempty"`
+	// RatedGBps is the link's rating in the same direction as the figure;
+	// RatedBasis says where it comes from. Zero when unknown.
+	RatedGBps  float64 `json:"rated_gbps,omitempty"`
+	RatedBasis string  `json:"rated_basis,omitempty"`
+	// Ratio is MedianGBps / RatedGBps.
+	Ratio   float64 `json:"ratio,omitempty"`
+	Verdict string  `json:"verdict"`
+	// Error says why the test failed.
+	Error string `json:"error,omitempty"`
 }
