@@ -35,10 +35,10 @@ type committer struct {
 	more    *sync.Cond // the background writer waits for work
 	written *sync.Cond // requests wait for their changes
 	queue   []*store.Writes
-	queued  uint64 // sequence number of the last change handed over
-	done    uint64 // ... and of the last one durable
-	writing bool   // a transaction is under way
-	err     error  // the last transaction failed: the store cannot write now
+	queued  uint64                // sequence number of the last change handed over
+	done    uint64                // ... and of the last one durable
+	writing bool                  // a transaction is under way
+	err     error                 // the last transaction failed: the store cannot write now
 	failing atomic.Pointer[error] // err, read without the lock
 	closed  bool
 	stop    chan struct{}
