@@ -558,15 +558,6 @@ func writeBenchText(w io.Writer, host string, ms *snapshot.Measurements) {
 	}
 }
 
-// printableLines is printable for each line of a message of several.
-func printableLines(s string) string {
-	lines := strings.Split(s, "\n")
-	for i, l := range lines {
-		lines[i] = printable(l)
-	}
-	return strings.Join(lines, "\n")
-}
-
 func fmtPct(v float64) string {
 	return strconv.FormatFloat(v, 'f', 0, 64)
 }

@@ -121,7 +121,7 @@ func doctorLive(cmd *cobra.Command, src *sourceFlags) (*doctor.Report, error) {
 		return nil, &exitError{code: doctor.ExitCannot, err: err}
 	}
 	if nothingToExamine(s) {
-		fmt.Fprintln(cmd.ErrOrStderr(), printable(noGPUMessage(s)))
+		fmt.Fprintln(cmd.ErrOrStderr(), printableLines(noGPUMessage(s)))
 		return nil, &exitError{code: doctor.ExitCannot}
 	}
 	rep, err := doctor.Run(cmd.Context(), s, kb.Default())

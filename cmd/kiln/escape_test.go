@@ -106,3 +106,13 @@ func TestLogsToTerminal(t *testing.T) {
 		t.Errorf("the escaped form is not shown: %q", got)
 	}
 }
+
+// An error of several lines keeps its line breaks; what is in the lines is
+// still escaped.
+func TestPrintableLines(t *testing.T) {
+	got := printableLines("no GPU found\nchecked: /sys/bus/pci\x1b]0;x\x07\r\nlast")
+	want := "no GPU found\nchecked: /sys/bus/pci\\x1b]0;x\\x07\nlast"
+	if got != want {
+		t.Errorf("printableLines = %q, want %q", got, want)
+	}
+}

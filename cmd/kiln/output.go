@@ -56,6 +56,16 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
+// printableLines is printable for a message of several lines: each line is
+// escaped, the line breaks stay.
+func printableLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = printable(strings.TrimSuffix(l, "\r"))
+	}
+	return strings.Join(lines, "\n")
+}
+
 // printable escapes what could drive a terminal in a string that came from
 // outside (a capture, an agent, a user): C0 and C1 control characters and
 // DEL become \xNN, invalid UTF-8 bytes too; tabs and everything printable

@@ -65,6 +65,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if ee, ok := err.(*exitError); ok && ee.err == nil {
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "kiln:", printable(err.Error()))
+	fmt.Fprintln(stderr, "kiln:", printableLines(err.Error()))
 	return exitCode(err)
 }
