@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
@@ -40,5 +41,21 @@ func TestSlicesCommand(t *testing.T) {
 	code = run(context.Background(), []string{"slices", "--node", "n1", "--from", "../../testdata/captures/nvidia-smi-q/h100x8-535.183.01-gpu75-slowdown.txt"}, &out, &errb)
 	if code != 0 || !strings.Contains(out.String(), "kind: ResourceSlice") || !strings.Contains(out.String(), "nodeName: n1") {
 		t.Errorf("yaml preview: exit %d\n%s", code, out.String())
+	}
+}
+
+// TestDeployDeviceClasses keeps deploy/deviceclasses.yaml what kiln-dra
+// classes prints.
+func TestDeployDeviceClasses(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"classes"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	b, err := os.ReadFile("../../deploy/deviceclasses.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, out.Bytes()) {
+		t.Errorf("deploy/deviceclasses.yaml differs from kiln-dra classes: run go run ./cmd/kiln-dra classes > deploy/deviceclasses.yaml")
 	}
 }

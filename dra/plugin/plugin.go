@@ -47,6 +47,10 @@ type Config struct {
 	CDIDir string
 	// CDI says where the host's device facts and driver files are.
 	CDI cdi.Options
+	// DriverRoot, when set, is the host root searched for the NVIDIA
+	// driver's user-space files of the running driver version, mounted into
+	// containers with the GPUs.
+	DriverRoot string
 	// Recheck is how often the node is read and the doctor run again
 	// (default 5 minutes).
 	Recheck time.Duration

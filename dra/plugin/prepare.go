@@ -117,7 +117,13 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (preparedClaim, error) {
 			inUse[pd.Device] = pc.Namespace + "/" + pc.Name + " (" + uid + ")"
 		}
 	}
-	gen, err := cdi.Generate(d.snap, d.cfg.CDI)
+	opts := d.cfg.CDI
+	if d.cfg.DriverRoot != "" && len(opts.NVIDIALibraries) == 0 {
+		if v := d.snap.Drivers.NVIDIAUser; v != "" {
+			opts.NVIDIALibraries, opts.NVIDIABinaries = cdi.FindNVIDIADriverFiles(os.DirFS(d.cfg.DriverRoot), v)
+		}
+	}
+	gen, err := cdi.Generate(d.snap, opts)
 	if err != nil {
 		return preparedClaim{}, fmt.Errorf("describing the node's GPUs as CDI devices: %w", err)
 	}
@@ -154,7 +160,7 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (preparedClaim, error) {
 		if err != nil {
 			return preparedClaim{}, fmt.Errorf("CDI directory %s: %w", d.cfg.CDIDir, err)
 		}
-		if err := cache.WriteSpec(spec, specName(c.UID)); err != nil {
+		if err := cache.WriteSpec(spec, specName(c.UID)+".json"); err != nil {
 			return preparedClaim{}, fmt.Errorf("writing the claim's CDI spec: %w", err)
 		}
 		pc.SpecFile = filepath.Join(d.cfg.CDIDir, specName(c.UID)+".json")
