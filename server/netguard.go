@@ -17,8 +17,9 @@ import (
 // Network limits. A connection is "unproven" until a request on it
 // authenticates (a valid token or agent certificate); unproven connections
 // are few and cheap to drop: each source address keeps at most
-// maxPerSource of them and the server at most maxUnproven, the oldest
-// closed to make room for a new one. So connections that are held open
+// maxPerSource of them and the server at most maxUnproven; to make room for
+// a new one the oldest of its source, or of the source holding the most, is
+// closed. So connections that are held open
 // without credentials (a slow handshake, a header or a body that never
 // ends) cannot use up the descriptors that /healthz and authenticated
 // users need, and one address cannot push out the others'.
@@ -77,7 +78,8 @@ func newGuardListener(ln net.Listener, maxUnproven, maxPerSource int) *guardList
 }
 
 // Accept admits a connection, closing the oldest unproven one of its
-// source (or of all) when the source (or the server) has too many.
+// source when the source has too many, or of the source holding the most
+// when the server has too many.
 func (l *guardListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
@@ -95,7 +97,7 @@ func (l *guardListener) Accept() (net.Conn, error) {
 	if src.Len() >= g.maxPerSource {
 		evict = append(evict, g.removeLocked(src.Front().Value.(*guardedConn)))
 	} else if g.unproven.Len() >= g.maxUnproven {
-		evict = append(evict, g.removeLocked(g.unproven.Front().Value.(*guardedConn)))
+		evict = append(evict, g.removeLocked(g.victimLocked()))
 	}
 	gc.elem = g.unproven.PushBack(gc)
 	gc.srcElem = src.PushBack(gc)
@@ -104,6 +106,23 @@ func (l *guardListener) Accept() (net.Conn, error) {
 		o.Conn.Close()
 	}
 	return gc, nil
+}
+
+// victimLocked is the connection to close when the server holds as many
+// unproven connections as it keeps: the oldest of the source that holds the
+// most, so that sources holding many (a flood) lose theirs before a caller
+// with one connection in its handshake loses it. g.mu is held.
+func (g *connGuard) victimLocked() *guardedConn {
+	var best *list.List
+	for _, l := range g.bySource {
+		if best == nil || l.Len() > best.Len() {
+			best = l
+		}
+	}
+	if best == nil || best.Len() == 0 {
+		return g.unproven.Front().Value.(*guardedConn)
+	}
+	return best.Front().Value.(*guardedConn)
 }
 
 // removeLocked takes c off the unproven lists; g.mu is held.
