@@ -3,23 +3,17 @@ package fatbin
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+
+	"kiln.dev/kiln/compat/elfsect"
 )
 
 // ErrNotELF is returned by Scan for input that is not a little-endian ELF file.
-var ErrNotELF = errors.New("not a little-endian ELF file")
+var ErrNotELF = elfsect.ErrNotELF
 
-const (
-	bufSize = 256 << 10
-	// preWindow is how much of the file just before the section header
-	// table is kept, to read the section names (.shstrtab sits there).
-	preWindow = 64 << 10
-	// maxSHT bounds the section header table kept in memory.
-	maxSHT = 4 << 20
-)
+const bufSize = 256 << 10
 
 var magicBytes = []byte{0x50, 0xed, 0x55, 0xba}
 
@@ -86,28 +80,14 @@ func Scan(r io.Reader, size int64) (*ELFResult, error) {
 	return s.Scan(r, size)
 }
 
-type window struct {
-	start, end int64
-	buf        []byte
-	got        int64 // bytes copied
-}
-
 type stream struct {
 	br   *bufio.Reader
 	size int // the buffer's size
 	pos  int64
-	wins []*window
+	tabs *elfsect.Tables
 }
 
-func (s *stream) keep(b []byte) {
-	for _, w := range s.wins {
-		lo, hi := max(s.pos, w.start), min(s.pos+int64(len(b)), w.end)
-		if lo < hi {
-			copy(w.buf[lo-w.start:], b[lo-s.pos:hi-s.pos])
-			w.got += hi - lo
-		}
-	}
-}
+func (s *stream) keep(b []byte) { s.tabs.Keep(s.pos, b) }
 
 // advance moves n bytes forward, copying what the windows want.
 func (s *stream) advance(n int64) error {
@@ -172,42 +152,11 @@ func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
 	peek, _ := s.br.Peek(64)
 	// The buffer is overwritten as the stream moves on: keep a copy.
 	hdr := append([]byte(nil), peek...)
-	if len(hdr) < 52 || !bytes.HasPrefix(hdr, []byte("\x7fELF")) || hdr[5] != 1 {
-		return out, ErrNotELF
+	h, err := elfsect.ParseHeader(hdr)
+	if err != nil {
+		return out, err
 	}
-	var shoff uint64
-	var shentsize, shnum, shstrndx uint16
-	switch hdr[4] {
-	case 1: // ELF32
-		shoff = uint64(binary.LittleEndian.Uint32(hdr[0x20:]))
-		shentsize = binary.LittleEndian.Uint16(hdr[0x2e:])
-		shnum = binary.LittleEndian.Uint16(hdr[0x30:])
-		shstrndx = binary.LittleEndian.Uint16(hdr[0x32:])
-	case 2: // ELF64
-		if len(hdr) < 64 {
-			return out, ErrNotELF
-		}
-		shoff = binary.LittleEndian.Uint64(hdr[0x28:])
-		shentsize = binary.LittleEndian.Uint16(hdr[0x3a:])
-		shnum = binary.LittleEndian.Uint16(hdr[0x3c:])
-		shstrndx = binary.LittleEndian.Uint16(hdr[0x3e:])
-	default:
-		return out, ErrNotELF
-	}
-	wantEnt := uint16(64)
-	if hdr[4] == 1 {
-		wantEnt = 40
-	}
-	is64 := hdr[4] == 2
-	var sht, pre *window
-	shtLen := uint64(shentsize) * uint64(shnum)
-	if shentsize == wantEnt && shnum > 0 && shoff >= 64 && shoff < 1<<62 && shtLen <= maxSHT &&
-		(size < 0 || shoff+shtLen <= uint64(size)) {
-		sht = &window{start: int64(shoff), end: int64(shoff + shtLen), buf: make([]byte, shtLen)}
-		ps := max(int64(shoff)-preWindow, 64)
-		pre = &window{start: ps, end: int64(shoff), buf: make([]byte, int64(shoff)-ps)}
-		s.wins = []*window{sht, pre}
-	}
+	s.tabs = elfsect.NewTables(h, size)
 
 	type container struct {
 		off int64
@@ -273,63 +222,14 @@ func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
 
 	// Keep the containers that lie in a .nv_fatbin section, when the
 	// section table could be read.
-	var ranges [][2]int64
-	if sht != nil && sht.got == int64(len(sht.buf)) {
-		ranges, out.SectionsRead = fatbinSections(sht.buf, int(shentsize), int(shstrndx), is64, pre)
-	}
+	ranges, read := s.tabs.Sections(".nv_fatbin")
+	out.SectionsRead = read
 	for _, c := range found {
-		if out.SectionsRead {
-			in := false
-			for _, r := range ranges {
-				if c.off >= r[0] && c.off < r[1] {
-					in = true
-				}
-			}
-			if !in {
-				continue
-			}
+		if _, in := elfsect.Find(ranges, c.off); read && !in {
+			continue
 		}
 		out.Merge(&c.res)
 	}
 	out.Section = len(ranges) > 0
 	return out, nil
-}
-
-// fatbinSections returns the file ranges of the sections named .nv_fatbin.
-// ok is false when the section names are not in the kept window.
-func fatbinSections(sht []byte, ent, strndx int, is64 bool, pre *window) (ranges [][2]int64, ok bool) {
-	type sec struct {
-		name      uint32
-		off, size uint64
-	}
-	read := func(i int) sec {
-		b := sht[i*ent:]
-		if is64 {
-			return sec{binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint64(b[24:]), binary.LittleEndian.Uint64(b[32:])}
-		}
-		return sec{binary.LittleEndian.Uint32(b), uint64(binary.LittleEndian.Uint32(b[16:])), uint64(binary.LittleEndian.Uint32(b[20:]))}
-	}
-	n := len(sht) / ent
-	if strndx <= 0 || strndx >= n || pre == nil {
-		return nil, false
-	}
-	st := read(strndx)
-	if st.off < uint64(pre.start) || st.size > uint64(pre.end) || st.off+st.size > uint64(pre.end) || pre.got != int64(len(pre.buf)) {
-		return nil, false
-	}
-	names := pre.buf[st.off-uint64(pre.start) : st.off-uint64(pre.start)+st.size]
-	for i := 1; i < n; i++ {
-		s := read(i)
-		if uint64(s.name) >= uint64(len(names)) {
-			continue
-		}
-		nm := names[s.name:]
-		if j := bytes.IndexByte(nm, 0); j >= 0 {
-			nm = nm[:j]
-		}
-		if string(nm) == ".nv_fatbin" && s.off < 1<<62 && s.size < 1<<62 {
-			ranges = append(ranges, [2]int64{int64(s.off), int64(s.off + s.size)})
-		}
-	}
-	return ranges, true
 }

@@ -3,22 +3,18 @@ package offload
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"io"
+
+	"kiln.dev/kiln/compat/elfsect"
 )
 
 // ErrNotELF is returned by Scan for input that is neither a little-endian
 // ELF file nor a bare offload bundle.
-var ErrNotELF = errors.New("not a little-endian ELF file")
+var ErrNotELF = elfsect.ErrNotELF
 
 const (
 	bufSize = 256 << 10
-	// preWindow is how much of the file just before the section header
-	// table is kept, to read the section names (.shstrtab sits there).
-	preWindow = 64 << 10
-	// maxSHT bounds the section header table kept in memory.
-	maxSHT = 4 << 20
 	// maxCandidates bounds the bundles one scan records.
 	maxCandidates = 1 << 16
 	// decodeInput is how much compressed data is handed to a decoder.
@@ -51,29 +47,15 @@ func Scan(r io.Reader, size int64) (*Result, error) {
 	return s.Scan(r, size)
 }
 
-type window struct {
-	start, end int64
-	buf        []byte
-	got        int64 // bytes copied
-}
-
 type stream struct {
 	br   *bufio.Reader
 	size int // the buffer's size
 	pos  int64
-	wins []*window
+	tabs *elfsect.Tables
 	err  error // the first read error other than io.EOF
 }
 
-func (s *stream) keep(b []byte) {
-	for _, w := range s.wins {
-		lo, hi := max(s.pos, w.start), min(s.pos+int64(len(b)), w.end)
-		if lo < hi {
-			copy(w.buf[lo-w.start:], b[lo-s.pos:hi-s.pos])
-			w.got += hi - lo
-		}
-	}
-}
+func (s *stream) keep(b []byte) { s.tabs.Keep(s.pos, b) }
 
 func (s *stream) noteErr(err error) {
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) && s.err == nil {
@@ -192,54 +174,23 @@ func (sc *Scanner) Scan(r io.Reader, size int64) (*Result, error) {
 	hdr := append([]byte(nil), peek...)
 
 	bare := bytes.HasPrefix(hdr, []byte(BundleMagic)) || bytes.HasPrefix(hdr, []byte(CompressedMagic))
-	var sht, pre *window
-	var shentsize, shstrndx uint16
-	is64 := false
 	if !bare {
-		if len(hdr) < 52 || !bytes.HasPrefix(hdr, []byte("\x7fELF")) || hdr[5] != 1 || (hdr[4] != 1 && hdr[4] != 2) || (hdr[4] == 2 && len(hdr) < 64) {
+		h, herr := elfsect.ParseHeader(hdr)
+		if herr != nil {
 			if s.err != nil {
 				return out, s.err
 			}
 			return out, ErrNotELF
 		}
-		is64 = hdr[4] == 2
-		machine := binary.LittleEndian.Uint16(hdr[0x12:])
-		var shoff uint64
-		var shnum uint16
-		var flags uint32
-		if is64 {
-			flags = binary.LittleEndian.Uint32(hdr[0x30:])
-			shoff = binary.LittleEndian.Uint64(hdr[0x28:])
-			shentsize = binary.LittleEndian.Uint16(hdr[0x3a:])
-			shnum = binary.LittleEndian.Uint16(hdr[0x3c:])
-			shstrndx = binary.LittleEndian.Uint16(hdr[0x3e:])
-		} else {
-			flags = binary.LittleEndian.Uint32(hdr[0x24:])
-			shoff = uint64(binary.LittleEndian.Uint32(hdr[0x20:]))
-			shentsize = binary.LittleEndian.Uint16(hdr[0x2e:])
-			shnum = binary.LittleEndian.Uint16(hdr[0x30:])
-			shstrndx = binary.LittleEndian.Uint16(hdr[0x32:])
-		}
-		if machine == EMAMDGPU {
+		if h.Machine == EMAMDGPU {
 			// The file is a code object: its header says it all.
-			t, _ := TargetFromFlags(hdr[4], hdr[7], hdr[8], flags)
+			t, _ := TargetFromFlags(h.Class(), h.OSABI, h.ABIVersion, h.Flags)
 			out.CodeObject = true
 			out.addTarget(t)
 			s.drain()
 			return out, s.err
 		}
-		wantEnt := uint16(40)
-		if is64 {
-			wantEnt = 64
-		}
-		shtLen := uint64(shentsize) * uint64(shnum)
-		if shentsize == wantEnt && shnum > 0 && shoff >= 64 && shoff < 1<<62 && shtLen <= maxSHT &&
-			(size < 0 || shoff+shtLen <= uint64(size)) {
-			sht = &window{start: int64(shoff), end: int64(shoff + shtLen), buf: make([]byte, shtLen)}
-			ps := max(int64(shoff)-preWindow, 64)
-			pre = &window{start: ps, end: int64(shoff), buf: make([]byte, max(int64(shoff)-ps, 0))}
-			s.wins = []*window{sht, pre}
-		}
+		s.tabs = elfsect.NewTables(h, size)
 	}
 
 	found := sc.find(s, size)
@@ -247,25 +198,16 @@ func (sc *Scanner) Scan(r io.Reader, size int64) (*Result, error) {
 
 	// Keep the bundles that lie in a .hip_fatbin section, when the section
 	// table could be read.
-	var ranges [][2]int64
-	sectionsRead := false
-	if sht != nil && sht.got == int64(len(sht.buf)) {
-		ranges, sectionsRead = namedSections(sht.buf, int(shentsize), int(shstrndx), is64, pre, sectionName)
-	}
+	ranges, sectionsRead := s.tabs.Sections(sectionName)
 	total := s.pos
 	for _, c := range found {
 		limit := total
 		if sectionsRead {
-			in := false
-			for _, r := range ranges {
-				if c.off >= r[0] && c.off < r[1] {
-					in, limit = true, min(total, r[1])
-					break
-				}
-			}
+			r, in := elfsect.Find(ranges, c.off)
 			if !in {
 				continue
 			}
+			limit = min(total, r[1])
 		} else if c.weak {
 			continue
 		}
@@ -442,43 +384,4 @@ func (sc *Scanner) readCompressed(s *stream, size int64, record func(candidate))
 	}
 	_ = s.advance(skip)
 	return true
-}
-
-// namedSections returns the file ranges of the sections called name. ok
-// is false when the section names are not in the kept window.
-func namedSections(sht []byte, ent, strndx int, is64 bool, pre *window, name string) (ranges [][2]int64, ok bool) {
-	type sec struct {
-		name      uint32
-		off, size uint64
-	}
-	read := func(i int) sec {
-		b := sht[i*ent:]
-		if is64 {
-			return sec{binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint64(b[24:]), binary.LittleEndian.Uint64(b[32:])}
-		}
-		return sec{binary.LittleEndian.Uint32(b), uint64(binary.LittleEndian.Uint32(b[16:])), uint64(binary.LittleEndian.Uint32(b[20:]))}
-	}
-	n := len(sht) / ent
-	if strndx <= 0 || strndx >= n || pre == nil {
-		return nil, false
-	}
-	st := read(strndx)
-	if st.off < uint64(pre.start) || st.size > uint64(pre.end) || st.off+st.size > uint64(pre.end) || pre.got != int64(len(pre.buf)) {
-		return nil, false
-	}
-	names := pre.buf[st.off-uint64(pre.start) : st.off-uint64(pre.start)+st.size]
-	for i := 1; i < n; i++ {
-		s := read(i)
-		if uint64(s.name) >= uint64(len(names)) {
-			continue
-		}
-		nm := names[s.name:]
-		if j := bytes.IndexByte(nm, 0); j >= 0 {
-			nm = nm[:j]
-		}
-		if string(nm) == name && s.off < 1<<62 && s.size < 1<<62 {
-			ranges = append(ranges, [2]int64{int64(s.off), int64(s.off + s.size)})
-		}
-	}
-	return ranges, true
 }
