@@ -12,8 +12,8 @@ import (
 
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/dra"
-	"kiln.dev/kiln/dra/source"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/source"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")

@@ -48,10 +48,10 @@ import (
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/dra"
 	"kiln.dev/kiln/dra/kubetest"
-	"kiln.dev/kiln/dra/source"
 	"kiln.dev/kiln/sched"
 	"kiln.dev/kiln/sched/shapes"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/source"
 )
 
 const ns = "bench"

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kiln.dev/kiln/dra"
-	"kiln.dev/kiln/dra/source"
+	"kiln.dev/kiln/source"
 )
 
 func init() { addCommand(newLabelCmd) }

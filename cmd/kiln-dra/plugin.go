@@ -14,8 +14,8 @@ import (
 
 	"kiln.dev/kiln/cdi"
 	"kiln.dev/kiln/dra/plugin"
-	"kiln.dev/kiln/dra/source"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/source"
 )
 
 func init() { addCommand(newPluginCmd) }

@@ -11,7 +11,7 @@ import (
 
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/dra"
-	"kiln.dev/kiln/dra/source"
+	"kiln.dev/kiln/source"
 )
 
 func init() { addCommand(newSlicesCmd) }

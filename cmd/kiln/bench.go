@@ -21,6 +21,7 @@ import (
 	"kiln.dev/kiln/gpubench/nccl"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/source"
 	"kiln.dev/kiln/topo"
 )
 
@@ -338,7 +339,7 @@ func benchLive(cmd *cobra.Command, f *benchFlags) error {
 
 // benchFromFiles prints results recorded earlier, judged again.
 func benchFromFiles(cmd *cobra.Command, f *benchFlags) error {
-	s, err := loadPaths(cmd.Context(), f.src.from)
+	s, err := source.OneMachine(cmd.Context(), f.src.from)
 	if err != nil {
 		return &exitError{code: benchExitCannot, err: err}
 	}

@@ -15,6 +15,7 @@ import (
 	"kiln.dev/kiln/compat/image"
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/kb"
+	"kiln.dev/kiln/source"
 )
 
 func init() { addCommand(newCompatCmd) }
@@ -123,7 +124,7 @@ func runCompat(ctx context.Context, out io.Writer, ref string, f compatFlags) er
 	}
 	for _, spec := range f.nodes {
 		paths := strings.Split(spec, ",")
-		s, err := loadPaths(ctx, paths)
+		s, err := source.OneMachine(ctx, paths)
 		if err != nil {
 			return &exitError{code: 3, err: fmt.Errorf("--node %s: %w", spec, err)}
 		}

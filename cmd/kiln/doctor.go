@@ -12,6 +12,7 @@ import (
 	"kiln.dev/kiln/doctor"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/source"
 )
 
 func init() { addCommand(newDoctorCmd) }
@@ -137,7 +138,7 @@ func doctorLive(cmd *cobra.Command, src *sourceFlags) (*doctor.Report, error) {
 // listed in the report's errors.
 func doctorFiles(cmd *cobra.Command, paths []string) (*doctor.Report, error) {
 	ctx := cmd.Context()
-	parts := loadParts(ctx, paths)
+	parts := source.Parts(ctx, paths)
 	var errs []string
 	for _, p := range parts {
 		if p.Err != nil {

@@ -29,8 +29,8 @@ import (
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/dra"
 	"kiln.dev/kiln/dra/plugin"
-	"kiln.dev/kiln/dra/source"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/source"
 )
 
 var (

@@ -29,8 +29,8 @@ import (
 	"kiln.dev/kiln/cdi"
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/dra"
-	"kiln.dev/kiln/dra/source"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/source"
 )
 
 const node = "hgx-1"
