@@ -18,6 +18,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"kiln.dev/kiln/textsafe"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -93,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) && ee.err == nil {
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "kiln-dra:", err)
+	fmt.Fprintln(stderr, "kiln-dra:", textsafe.Lines(err.Error()))
 	if errors.As(err, &ee) {
 		return ee.code
 	}

@@ -59,3 +59,16 @@ func TestDeployDeviceClasses(t *testing.T) {
 		t.Errorf("deploy/deviceclasses.yaml differs from kiln-dra classes: run go run ./cmd/kiln-dra classes > deploy/deviceclasses.yaml")
 	}
 }
+
+// An error that carries an outside string (here a file name with a
+// terminal's title sequence) reaches the terminal escaped.
+func TestErrorLineEscaped(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"slices", "--from", "no-such-\x1b]0;owned\x07-file"}, &out, &errb)
+	if code == 0 {
+		t.Fatal("a missing capture was accepted")
+	}
+	if strings.ContainsAny(errb.String(), "\x1b\x07") || !strings.Contains(errb.String(), `no-such-\x1b]0;owned\x07-file`) {
+		t.Errorf("stderr %q", errb.String())
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
+
+	"kiln.dev/kiln/textsafe"
 )
 
 // writeStructured writes v as JSON or YAML (YAML keys follow the JSON tags).
@@ -56,44 +58,11 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// printableLines is printable for a message of several lines: each line is
-// escaped, the line breaks stay.
-func printableLines(s string) string {
-	lines := strings.Split(s, "\n")
-	for i, l := range lines {
-		lines[i] = printable(strings.TrimSuffix(l, "\r"))
-	}
-	return strings.Join(lines, "\n")
-}
-
 // printable escapes what could drive a terminal in a string that came from
-// outside (a capture, an agent, a user): C0 and C1 control characters and
-// DEL become \xNN, invalid UTF-8 bytes too; tabs and everything printable
-// stay. JSON and YAML output need none of this: their encoders escape.
-func printable(s string) string {
-	clean := true
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 && c != '\t' || c == 0x7f || c >= 0x80 {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i, r := range s {
-		switch {
-		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
-			fmt.Fprintf(&b, "\\x%02x", s[i])
-		case r < 0x20 && r != '\t', r == 0x7f, r >= 0x80 && r <= 0x9f:
-			fmt.Fprintf(&b, "\\x%02x", r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
+// outside (textsafe.Printable); printableLines keeps the line breaks of a
+// message of several lines.
+func printable(s string) string      { return textsafe.Printable(s) }
+func printableLines(s string) string { return textsafe.Lines(s) }
 
 // cell is printable for a table cell: a tab, which would open a column of
 // its own, is escaped too.
