@@ -111,8 +111,15 @@ func checkAMDBinaries(req *Requirements, c gpuCtx, gfx string, r *GPUReport) boo
 	assumed := ""
 	if !strings.Contains(gfx, ":") {
 		if ok, known := offload.SupportsFeature(gfx, "xnack"); ok && known {
-			gfx += ":xnack-"
-			assumed = " (XNACK taken as off, ROCm's default unless HSA_XNACK=1)"
+			switch req.HSAXNACK {
+			case "1":
+				gfx += ":xnack+"
+				assumed = " (XNACK on: the image sets HSA_XNACK=1)"
+			case "", "0":
+				gfx += ":xnack-"
+				assumed = " (XNACK taken as off, ROCm's default unless HSA_XNACK=1)"
+			}
+			// Any other value: the setting stays unknown.
 		}
 	}
 	var fails, unsure []Binary

@@ -163,6 +163,10 @@ func matrixImages(t *testing.T) map[string]imagetest.Spec {
 		"m-rocm62": {ROCm: "6.2.0", Extra: [][]imagetest.File{{
 			{Path: "opt/rocm-6.2.0/lib/librocblas.so.4.2", Body: hipELF(t, rocblas62)},
 		}}},
+		// The same with HSA_XNACK=1 in the image's environment.
+		"m-rocm62-xnack": {ROCm: "6.2.0", Env: map[string]string{"HSA_XNACK": "1"}, Extra: [][]imagetest.File{{
+			{Path: "opt/rocm-6.2.0/lib/librocblas.so.4.2", Body: hipELF(t, rocblas62)},
+		}}},
 		// ROCm 7.0 with generic targets only.
 		"m-rocm70-generic": {ROCm: "7.0.0", Extra: [][]imagetest.File{{
 			{Path: "opt/rocm-7.0.0/lib/libapp.so", Body: hipELF(t, generic7)},
@@ -249,6 +253,9 @@ func TestVerdictMatrix(t *testing.T) {
 		{"m-rocm62", amd, "AMD Instinct MI50", "6.3.6", compat.Fails, "HIP: no gfx906 code object", []string{"no code object for gfx906"}},
 		{"m-rocm62", amd, "AMD Radeon PRO W7900", "6.3.6", compat.Runs, "HIP: gfx1100 (no features)", nil},
 		{"m-rocm62", amd, "AMD Radeon RX 6700 XT", "6.3.6", compat.Fails, "HIP: gfx1031 has no code object (gfx1030 is not it)", []string{"no code object for gfx1031"}},
+		// HSA_XNACK=1 in the image turns XNACK on: the xnack+ code objects count.
+		{"m-rocm62-xnack", amd, "AMD Instinct MI210", "30.10.1", compat.Runs, "HIP: gfx90a:xnack+ with XNACK on", []string{"gfx90a:xnack+", "HSA_XNACK=1"}},
+		{"m-rocm62-xnack", amd, "AMD Instinct MI100", "6.3.6", compat.Fails, "HIP: gfx908 has xnack- code only, the image turns XNACK on", []string{"no code object for gfx908:xnack+"}},
 		// ROCm 7.0 with generic targets.
 		{"m-rocm70-generic", amd, "AMD Instinct MI300X", "30.10.1", compat.Runs, "HIP: gfx9-4-generic covers gfx942", nil},
 		{"m-rocm70-generic", amd, "AMD Radeon RX 6700 XT", "30.10.1", compat.Runs, "HIP: gfx10-3-generic covers gfx1031", nil},

@@ -48,6 +48,9 @@ type Requirements struct {
 	CuDNN         string `json:"cudnn,omitempty"`
 	NCCL          string `json:"nccl,omitempty"`
 
+	// HSAXNACK is HSA_XNACK as the image sets it: "1" turns XNACK on for
+	// its processes where the kernel allows.
+	HSAXNACK string `json:"hsa_xnack,omitempty"`
 	// ROCm is the ROCm version the image is built for, ROCmFrom where it was read.
 	ROCm     string `json:"rocm,omitempty"`
 	ROCmFrom string `json:"rocm_from,omitempty"`
@@ -179,6 +182,7 @@ func FromScan(s *image.Result) *Requirements {
 		r.RequireDisabled = true
 	}
 	r.EnvCUDA = majorMinor(env["CUDA_VERSION"])
+	r.HSAXNACK = strings.TrimSpace(env["HSA_XNACK"])
 	if r.CUDA == "" && r.EnvCUDA != "" {
 		r.CUDA, r.CUDAFrom = r.EnvCUDA, "CUDA_VERSION"
 	}
