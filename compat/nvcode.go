@@ -23,9 +23,6 @@ type codeJudgement struct {
 	uses    string // the code that runs
 	reason  string // why it fails or why kiln cannot tell
 	fix     string
-	// minDriver is the least driver that would JIT the binary's newest
-	// usable PTX, when the driver is what stops it.
-	minDriver string
 }
 
 // judgeNVIDIA applies NVIDIA's rules to one binary's code on a GPU of
@@ -127,7 +124,7 @@ func judgeNVIDIA(code *fatbin.Result, cc, drv string, k *kb.KB) codeJudgement {
 		reason := fmt.Sprintf("no %s code, and its PTX %s was written by CUDA %s: driver %s compiles %s, so the driver refuses it (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, \"the provided PTX was compiled with an unsupported toolchain\"); CUDA minor-version compatibility does not cover PTX",
 			sm, c.String(), firstNonEmpty(cuda, "a newer toolkit"), drv, supports)
 		fix := fmt.Sprintf("upgrade the driver to >= %s, or use a build of the image with %s code", firstNonEmpty(minDrv, "one that supports CUDA "+cuda), sm)
-		return codeJudgement{verdict: Fails, reason: reason, fix: fix, minDriver: minDrv}
+		return codeJudgement{verdict: Fails, reason: reason, fix: fix}
 	}
 	return codeJudgement{verdict: Fails,
 		reason: fmt.Sprintf("no %s code and no PTX the driver can compile for compute capability %s: its kernels fail with \"no kernel image is available for execution on the device\"", sm, cc),
@@ -139,12 +136,13 @@ func judgeNVIDIA(code *fatbin.Result, cc, drv string, k *kb.KB) codeJudgement {
 func checkBinaries(req *Requirements, c gpuCtx, cc, drv string, k *kb.KB, r *GPUReport) {
 	var fails, unknowns, jits []int
 	var judged []codeJudgement
+	var bins []Binary // bins[i] is the binary judged[i] judges
 	for _, b := range req.Binaries {
 		if b.code.Empty() {
 			continue
 		}
 		j := judgeNVIDIA(b.code, cc, drv, k)
-		judged = append(judged, j)
+		judged, bins = append(judged, j), append(bins, b)
 		i := len(judged) - 1
 		r.Binaries = append(r.Binaries, BinaryVerdict{Path: b.Path, Verdict: j.verdict, Uses: j.uses, Reason: j.reason})
 		switch j.verdict {
@@ -156,19 +154,7 @@ func checkBinaries(req *Requirements, c gpuCtx, cc, drv string, k *kb.KB, r *GPU
 			jits = append(jits, i)
 		}
 	}
-	bin := func(i int) Binary {
-		n := -1
-		for _, b := range req.Binaries {
-			if b.code.Empty() {
-				continue
-			}
-			n++
-			if n == i {
-				return b
-			}
-		}
-		return Binary{}
-	}
+	bin := func(i int) Binary { return bins[i] }
 	paths := func(is []int) []string {
 		var out []string
 		for _, i := range is {
