@@ -116,6 +116,13 @@ again.`,
 					return &exitError{code: 3, err: err}
 				}
 			}
+			// Refuse a job setup that cannot run before anything is written
+			// to the data directory.
+			if !noLocal || demo {
+				if _, err := ctrFlags.sandbox(nil); err != nil {
+					return &exitError{code: 3, err: err}
+				}
+			}
 			log := slog.Default()
 			srv, ln, url, err := f.start(ctx, log)
 			if err != nil {
