@@ -26,7 +26,7 @@ import (
 	"kiln.dev/kiln/executor"
 	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/kb"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

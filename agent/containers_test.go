@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/executor/containerd/containerdtest"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TestImageJobThroughServer is the container acceptance run: Debian's

@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // Identity is what an agent keeps after joining: its node name, its key

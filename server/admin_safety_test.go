@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TestLastAdminStaysAdmin: the last admin can neither demote itself, nor

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TestGrantRunRelease runs with the default placer (sched) and with

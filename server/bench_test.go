@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // BenchmarkLeaseGrantRelease measures lease request -> grant -> release

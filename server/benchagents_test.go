@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/agent"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

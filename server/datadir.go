@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/store"
 )
 

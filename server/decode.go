@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // Body limits.

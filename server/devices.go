@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/kb"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

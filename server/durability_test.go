@@ -17,7 +17,7 @@ import (
 
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/executor/process"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

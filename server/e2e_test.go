@@ -13,7 +13,7 @@ import (
 
 	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TestTwoHundredJobsThreeProjects is the acceptance run: a server, three

@@ -5,7 +5,7 @@ import (
 	"regexp"
 	"testing"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // The request decoders never panic; what they accept is valid.

@@ -14,7 +14,7 @@ import (
 	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

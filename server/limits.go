@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // limitsOf is a project's limits, the server's defaults where it sets

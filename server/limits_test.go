@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TestProjectLimits: queued leases per member and per project, jobs per

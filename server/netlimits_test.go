@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // rawTLS opens a TLS connection (HTTP/1.1) to the server from the given

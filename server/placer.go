@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/store"
 )
 

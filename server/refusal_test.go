@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TestNeverFitsRefusedBeforePreempting: a lease that could not fit even on

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // Authentication a route needs.
@@ -31,7 +31,7 @@ type route struct {
 	h                  func(w http.ResponseWriter, r *http.Request)
 }
 
-// routes is the whole API; server/openapi.yaml must describe the same
+// routes is the whole API; api/openapi.yaml must describe the same
 // set (a test checks it).
 func (s *Server) routes() []route {
 	return []route{
@@ -96,7 +96,7 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		proveConn(r)
-		writeErr(w, http.StatusNotFound, fmt.Errorf("%s %s: no such endpoint (see server/openapi.yaml)", r.Method, r.URL.Path))
+		writeErr(w, http.StatusNotFound, fmt.Errorf("%s %s: no such endpoint (see api/openapi.yaml)", r.Method, r.URL.Path))
 	})
 	return mux
 }

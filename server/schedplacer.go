@@ -10,7 +10,7 @@ import (
 
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/sched"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -13,7 +13,7 @@ import (
 	"kiln.dev/kiln/capture"
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/kb"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

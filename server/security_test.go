@@ -11,7 +11,7 @@ import (
 
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 func TestSecurity(t *testing.T) {

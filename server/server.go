@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/kb"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/store"
 )

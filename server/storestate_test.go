@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/store"
 )
 

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TokenRow is a stored API token: only the hash of its secret is kept.

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // filled makes a closed database with some rows, several pages long.

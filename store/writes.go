@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // Writes is a set of changes encoded when they are added, so the values

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // TestApplyGroupsWrites writes the Writes of several callers in one

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/agent"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

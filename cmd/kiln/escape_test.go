@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // evil holds what a member or an agent could put in a string the server

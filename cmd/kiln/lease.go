@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 func init() { addCommand(newLeaseCmd) }

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 // The security suite: kiln up --demo and a separate kiln agent, real

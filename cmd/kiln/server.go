@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 func init() { addCommand(newServerCmd) }
@@ -201,7 +201,7 @@ func newServerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the lease server: GPUs leased over the network to users and their jobs",
-		Long: `kiln server serves kiln's HTTP/JSON API (/v1, described by server/openapi.yaml)
+		Long: `kiln server serves kiln's HTTP/JSON API (/v1, described by api/openapi.yaml)
 over TLS. Nodes run 'kiln agent' (joined with 'kiln join'); users ask for GPUs with
 'kiln run', 'kiln lease' and friends.
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 )
 
 func quietServer(t *testing.T, data string) *server.Server {

@@ -18,7 +18,7 @@ import (
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/server/api"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -1,6 +1,6 @@
 // Package api holds the wire types of kiln's HTTP/JSON API (/v1) and a
 // small client for it. The server, the agent and the CLI share these types;
-// server/openapi.yaml describes the same shapes.
+// openapi.yaml beside them describes the same shapes.
 package api
 
 import (
