@@ -21,12 +21,12 @@ import (
 	"sync"
 	"time"
 
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/cdi"
 	"kiln.dev/kiln/doctor"
 	"kiln.dev/kiln/executor"
 	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/kb"
-	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/executor/containerd/containerdtest"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/executor/containerd/containerdtest"
 )
 
 // TestImageJobThroughServer is the container acceptance run: Debian's

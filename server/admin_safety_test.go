@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 // TestLastAdminStaysAdmin: the last admin can neither demote itself, nor

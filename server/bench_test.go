@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 // BenchmarkLeaseGrantRelease measures lease request -> grant -> release

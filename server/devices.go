@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"strings"
 
-	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"kiln.dev/kiln/agent"
-	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/api"
 )
 
 // TestTwoHundredJobsThreeProjects is the acceptance run: a server, three

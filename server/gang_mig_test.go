@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/capture"
 	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

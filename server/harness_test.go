@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"kiln.dev/kiln/agent"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/capture"
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/executor"
 	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

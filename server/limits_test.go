@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 // TestProjectLimits: queued leases per member and per project, jobs per

@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 // rawTLS opens a TLS connection (HTTP/1.1) to the server from the given

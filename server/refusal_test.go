@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 // TestNeverFitsRefusedBeforePreempting: a lease that could not fit even on

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"sync"
 
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/sched"
-	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

@@ -10,10 +10,10 @@ import (
 	"sync"
 	"testing"
 
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/capture"
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/kb"
-	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 

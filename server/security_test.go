@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"kiln.dev/kiln/agent"
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 func TestSecurity(t *testing.T) {

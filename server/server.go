@@ -27,8 +27,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/store"
 )

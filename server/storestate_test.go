@@ -15,8 +15,8 @@ import (
 	"strings"
 	"testing"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/store"
 )
 

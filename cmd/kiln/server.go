@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 func init() { addCommand(newServerCmd) }

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server"
 )
 
 func quietServer(t *testing.T, data string) *server.Server {

@@ -14,11 +14,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/agent"
+	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/capture"
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
-	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/snapshot"
 )
 
