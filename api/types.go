@@ -155,7 +155,7 @@ func (s *Sandbox) Has(what string) bool {
 // Constraints narrow where a lease may be placed.
 type Constraints struct {
 	Vendor       string `json:"vendor,omitempty"`
-	Model        string `json:"model,omitempty"`        // substring of the model name, case-insensitive
+	Model        string `json:"model,omitempty"`        // the model, or whole words of its name, case-insensitive ("A100" is not an A10)
 	Architecture string `json:"architecture,omitempty"` // hopper, ada, cdna3
 	// MinMemoryBytes is the least memory each GPU must have.
 	MinMemoryBytes       uint64 `json:"min_memory_bytes,omitempty"`

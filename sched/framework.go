@@ -96,6 +96,12 @@ type UnschedulableError struct {
 }
 
 func (e *UnschedulableError) Error() string {
+	return fmt.Sprintf("request %s fits no node: %s", e.Request, e.Summary())
+}
+
+// Summary counts the nodes per reason: "0/3 nodes are available: 2 have
+// no A100 GPU, 1 is drained".
+func (e *UnschedulableError) Summary() string {
 	keys := make([]string, 0, len(e.Reasons))
 	for k := range e.Reasons {
 		keys = append(keys, k)
@@ -110,7 +116,7 @@ func (e *UnschedulableError) Error() string {
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%d %s", e.Reasons[k], k)
 	}
-	return fmt.Sprintf("request %s fits no node: 0/%d nodes are available: %s", e.Request, e.Nodes, strings.Join(parts, ", "))
+	return fmt.Sprintf("0/%d nodes are available: %s", e.Nodes, strings.Join(parts, ", "))
 }
 
 var (

@@ -41,6 +41,7 @@ func NodeFromSnapshotKB(s *snapshot.Snapshot, m *topo.Matrix, r *doctor.Report, 
 		MemoryBytes: s.Host.MemoryBytes,
 		Driver:      firstNonEmpty(s.Drivers.NVIDIAUser, s.Drivers.NVIDIAKernel),
 		CUDA:        s.Drivers.CUDADriver,
+		AMDGPU:      s.Drivers.AMDGPU,
 		ROCm:        s.Drivers.ROCm,
 	}
 	gpus := make([]*snapshot.GPU, 0, len(s.GPUs))

@@ -18,10 +18,11 @@ type Node struct {
 	CPUMilli    int64  `json:"cpu_milli,omitempty"`
 	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
 	// Driver is the NVIDIA driver version ("535.54.03"), CUDA the highest
-	// CUDA version it supports ("12.2"), ROCm the ROCm release; empty when
-	// unknown.
+	// CUDA version it supports ("12.2"), AMDGPU the amdgpu driver version
+	// ("6.8.5"), ROCm the ROCm release; empty when unknown.
 	Driver string `json:"driver,omitempty"`
 	CUDA   string `json:"cuda,omitempty"`
+	AMDGPU string `json:"amdgpu,omitempty"`
 	ROCm   string `json:"rocm,omitempty"`
 	// Devices are the node's GPUs; Devices[i].Index is i.
 	Devices []Device `json:"devices"`

@@ -15,7 +15,16 @@ func (ConstraintFilter) Name() string { return "constraints" }
 
 // FilterDevice implements DeviceFilter.
 func (ConstraintFilter) FilterDevice(r *Request, n *Node, d *Device) string {
-	c := &r.Constraints
+	return MatchDevice(&r.Constraints, n, d)
+}
+
+// MatchDevice is the one meaning of every constraint: "" when device d of
+// node n meets c, else why not, worded for a count of nodes ("have no
+// A100 GPU"). Every placement policy judges a device by it. An unknown
+// version never meets a floor; the driver floor is the GPU's own vendor's
+// kernel driver (NVIDIA's, or amdgpu for an AMD GPU); a CUDA floor is met
+// by NVIDIA GPUs only.
+func MatchDevice(c *Constraints, n *Node, d *Device) string {
 	if c.Vendor != "" && !strings.EqualFold(c.Vendor, d.Vendor) {
 		return "have no " + c.Vendor + " GPU"
 	}
@@ -49,12 +58,16 @@ func (ConstraintFilter) FilterDevice(r *Request, n *Node, d *Device) string {
 		}
 	}
 	if c.MinDriver != "" {
-		if cmp, ok := compareVersion(n.Driver, c.MinDriver); !ok || cmp < 0 {
+		driver := n.Driver
+		if strings.EqualFold(d.Vendor, "amd") {
+			driver = n.AMDGPU
+		}
+		if cmp, ok := compareVersion(driver, c.MinDriver); !ok || cmp < 0 {
 			return "run no driver " + c.MinDriver + " or later"
 		}
 	}
 	if c.MinCUDA != "" {
-		if cmp, ok := compareVersion(n.CUDA, c.MinCUDA); !ok || cmp < 0 {
+		if cmp, ok := compareVersion(n.CUDA, c.MinCUDA); !ok || cmp < 0 || !strings.EqualFold(d.Vendor, "nvidia") {
 			return "support no CUDA " + c.MinCUDA
 		}
 	}

@@ -46,8 +46,9 @@ type Constraints struct {
 	MinMemoryBytes uint64 `json:"min_memory_bytes,omitempty"`
 	// MinComputeCapability: "8.0".
 	MinComputeCapability string `json:"min_compute_capability,omitempty"`
-	// MinDriver ("535.54.03") and MinCUDA ("12.2") are floors on the node's
-	// NVIDIA driver and the CUDA version it supports.
+	// MinDriver ("535.54.03") is a floor on the GPU's kernel driver (the
+	// NVIDIA driver, or amdgpu for an AMD GPU), MinCUDA ("12.2") on the CUDA
+	// version the NVIDIA driver supports (MatchDevice).
 	MinDriver string `json:"min_driver,omitempty"`
 	MinCUDA   string `json:"min_cuda,omitempty"`
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -216,7 +217,7 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 	ps.p = p
 	for _, m := range members {
 		u := s.byName[m].User
-		if !contains(u.Projects, p.Name) {
+		if !slices.Contains(u.Projects, p.Name) {
 			u.Projects = append(append([]string(nil), u.Projects...), p.Name)
 		}
 		s.putUser(u) // a new value: callers may read the old one unlocked
@@ -312,7 +313,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	for _, p := range req.Projects {
-		if !contains(user.Projects, p) {
+		if !slices.Contains(user.Projects, p) {
 			user.Projects = append(user.Projects, p)
 		}
 	}

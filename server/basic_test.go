@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"io"
+	"kiln.dev/kiln/placement"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +15,12 @@ import (
 // TestGrantRunRelease runs with the default placer (sched) and with
 // FirstFit, which stays available.
 func TestGrantRunRelease(t *testing.T) {
-	for name, pl := range map[string]server.Placer{"sched": nil, "first-fit": server.FirstFit{}} {
+	for name, pl := range map[string]placement.Placer{"sched": nil, "first-fit": placement.FirstFit{}} {
 		t.Run(name, func(t *testing.T) { grantRunRelease(t, pl) })
 	}
 }
 
-func grantRunRelease(t *testing.T, pl server.Placer) {
+func grantRunRelease(t *testing.T, pl placement.Placer) {
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second, PreemptGrace: 500 * time.Millisecond, Placer: pl})
 	m := machines(t)
 	c.addAgent("hgx", m["hgx"], nil, 300*time.Millisecond)

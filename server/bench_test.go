@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"kiln.dev/kiln/placement"
 	"net/http"
 	"os"
 	"runtime/debug"
@@ -38,7 +39,7 @@ import (
 //
 // KILN_BENCH_BEATS=1s makes every agent send a plain heartbeat each second
 // instead (about five times the requests); KILN_BENCH_PLACER=first-fit
-// places with FirstFit instead of the sched engine; KILN_BENCH_CPUPROFILE
+// places with placement.FirstFit instead of the sched engine; KILN_BENCH_CPUPROFILE
 // writes a CPU profile of the server's process during the measured part;
 // KILN_BENCH_DUMP writes the fixed-rate run's latencies, one line per pair
 // (due time, grant and release latency in microseconds).
@@ -66,7 +67,7 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 		b.Fatalf("KILN_BENCH_BEATS=%q: want agent or 1s", v)
 	}
 	if os.Getenv("KILN_BENCH_PLACER") == "first-fit" {
-		cfg.Placer = server.FirstFit{}
+		cfg.Placer = placement.FirstFit{}
 	}
 	c := newCluster(b, cfg)
 	// The agents run in a process of their own, as they run on machines of

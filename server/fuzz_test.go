@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"kiln.dev/kiln/placement"
 	"regexp"
 	"testing"
 
@@ -77,7 +78,7 @@ func FuzzParseAgentMessages(f *testing.F) {
 			if r.Snapshot == nil {
 				t.Fatal("register without a snapshot accepted")
 			}
-			for _, d := range devicesOf(r.Snapshot, nil) {
+			for _, d := range placement.Devices(r.Snapshot, nil) {
 				if d.ID == "" {
 					t.Fatal("device without an id")
 				}

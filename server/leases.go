@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"kiln.dev/kiln/placement"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -131,7 +133,7 @@ func intersect(a, b []string) []string {
 	}
 	out := []string{}
 	for _, x := range a {
-		if contains(b, x) {
+		if slices.Contains(b, x) {
 			out = append(out, x)
 		}
 	}
@@ -250,7 +252,7 @@ func (s *Server) neverFits(ls *leaseState) string {
 		s.empty = s.empty[:0]
 		s.refusals = map[string]string{}
 		for _, n := range s.nodeList() {
-			s.empty = append(s.empty, s.buildView(n, func(u *unitState, d *DeviceView) {
+			s.empty = append(s.empty, s.buildView(n, func(u *unitState, d *placement.DeviceView) {
 				d.Usable, d.Whole, d.FreeMilli, d.FreeMemory = !u.dev.MIGMode, true, 1000, u.dev.MemoryBytes
 			}))
 		}
@@ -262,7 +264,13 @@ func (s *Server) neverFits(ls *leaseState) string {
 	}
 	reason := ""
 	if _, err := s.cfg.Placer.Place(ls.req, s.empty); err != nil {
-		reason = "no node could ever hold it: " + strings.TrimPrefix(err.Error(), "no node has ")
+		reason = "no node could ever hold it: " + err.Error()
+		if nf := (*placement.NoFit)(nil); errors.As(err, &nf) && nf.Wanted != "" {
+			reason = "no node could ever hold it: " + nf.Wanted
+			if nf.Why != "" {
+				reason += ": " + nf.Why
+			}
+		}
 	}
 	if len(s.refusals) >= 1024 {
 		s.refusals = map[string]string{}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"kiln.dev/kiln/placement"
 	"math"
 	"sort"
 	"strings"
@@ -158,7 +159,7 @@ func (s *Server) flushWait(b *batch) error {
 // views returns the placement view of every ready node. The list is kept:
 // a node that changed gets a new view in its place; the list is made again
 // only when a node joins, becomes ready or is lost.
-func (s *Server) views() []*NodeView {
+func (s *Server) views() []*placement.NodeView {
 	if s.viewList != nil && len(s.nodeCache) == len(s.nodes) && s.viewPos != nil {
 		whole := false
 		for _, n := range s.redrawn {
@@ -178,7 +179,7 @@ func (s *Server) views() []*NodeView {
 			return s.viewList
 		}
 	}
-	out := make([]*NodeView, 0, len(s.nodes))
+	out := make([]*placement.NodeView, 0, len(s.nodes))
 	s.viewPos = make(map[*nodeState]int, len(s.nodes))
 	for _, n := range s.nodeList() {
 		if n.rec.Node.State != api.NodeReady {
@@ -220,18 +221,11 @@ func (s *Server) nodeList() []*nodeState {
 }
 
 // buildView makes a node's view; adjust, when set, may change each device.
-func (s *Server) buildView(n *nodeState, adjust func(u *unitState, d *DeviceView)) *NodeView {
-	v := &NodeView{ID: n.rec.Node.ID, Snapshot: n.rec.Snapshot, Devices: make([]DeviceView, len(n.units))}
-	if sn := n.rec.Snapshot; sn != nil {
-		v.Driver = sn.Drivers.NVIDIAUser
-		if v.Driver == "" {
-			v.Driver = sn.Drivers.NVIDIAKernel
-		}
-		v.CUDA = sn.Drivers.CUDADriver
-		v.AMDGPU = sn.Drivers.AMDGPU
-	}
+func (s *Server) buildView(n *nodeState, adjust func(u *unitState, d *placement.DeviceView)) *placement.NodeView {
+	v := placement.NewNodeView(n.rec.Node.ID, n.rec.Snapshot, len(n.units))
+	v.Devices = v.Devices[:len(n.units)]
 	for i, u := range n.units {
-		d := DeviceView{Device: &u.dev}
+		d := placement.DeviceView{Device: &u.dev}
 		d.Usable = !u.dev.Drained && !u.dev.MIGMode && !s.heldByLost(u)
 		d.Whole = len(u.holders) == 0
 		d.FreeMilli = max(1000-u.usedMilli, 0)
@@ -261,14 +255,14 @@ func (s *Server) heldByLost(u *unitState) bool {
 // viewsFor is views as lease ls may use them: devices reserved for another
 // lease are usable only by a lease that ends before the reservation
 // starts; devices claimed by a preempting lease only by that lease.
-func (s *Server) viewsFor(ls *leaseState, now time.Time) []*NodeView {
+func (s *Server) viewsFor(ls *leaseState, now time.Time) []*placement.NodeView {
 	base := s.views()
 	special := s.specialNodes()
 	if len(special) == 0 {
 		return base
 	}
 	ends := now.Add(s.timeLimit(ls.l.Request))
-	var out []*NodeView
+	var out []*placement.NodeView
 	for i, v := range base {
 		n := s.nodes[v.ID]
 		if !special[v.ID] {
@@ -278,9 +272,9 @@ func (s *Server) viewsFor(ls *leaseState, now time.Time) []*NodeView {
 			continue
 		}
 		if out == nil {
-			out = append(make([]*NodeView, 0, len(base)), base[:i]...)
+			out = append(make([]*placement.NodeView, 0, len(base)), base[:i]...)
 		}
-		out = append(out, s.buildView(n, func(u *unitState, d *DeviceView) {
+		out = append(out, s.buildView(n, func(u *unitState, d *placement.DeviceView) {
 			if u.claimedBy != "" && u.claimedBy != ls.l.ID {
 				d.Usable = false
 			}
@@ -496,7 +490,7 @@ func (s *Server) freeAt(u *unitState) time.Time {
 // earliest finds the first time at which ls could be placed if leases end
 // at their limits, and the placement then. The views at time t free every
 // device whose leases end by t.
-func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]time.Time) (time.Time, Placement, bool) {
+func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]time.Time) (time.Time, placement.Placement, bool) {
 	var times []time.Time
 	seen := map[time.Time]bool{}
 	for _, n := range s.nodes {
@@ -524,12 +518,12 @@ func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]tim
 		times = append(sampled, times[len(times)-1])
 	}
 	for _, t := range times {
-		var views []*NodeView
+		var views []*placement.NodeView
 		for _, n := range s.nodeList() {
 			if n.rec.Node.State != api.NodeReady {
 				continue
 			}
-			views = append(views, s.buildView(n, func(u *unitState, d *DeviceView) {
+			views = append(views, s.buildView(n, func(u *unitState, d *placement.DeviceView) {
 				if u.claimedBy != "" && u.claimedBy != ls.l.ID {
 					d.Usable = false
 				}
@@ -548,7 +542,7 @@ func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]tim
 			return t, pl, true
 		}
 	}
-	return time.Time{}, Placement{}, false
+	return time.Time{}, placement.Placement{}, false
 }
 
 // reserveHeads gives the head -- the first lease in grant order that did
@@ -620,12 +614,12 @@ func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
 		return
 	}
 	ends := now.Add(s.timeLimit(ls.l.Request))
-	var views []*NodeView
+	var views []*placement.NodeView
 	for _, n := range s.nodeList() {
 		if n.rec.Node.State != api.NodeReady {
 			continue
 		}
-		views = append(views, s.buildView(n, func(u *unitState, d *DeviceView) {
+		views = append(views, s.buildView(n, func(u *unitState, d *placement.DeviceView) {
 			if u.claimedBy != "" && u.claimedBy != ls.l.ID {
 				d.Usable = false
 				return
@@ -709,7 +703,7 @@ func (s *Server) releaseClaims(ls *leaseState) {
 }
 
 // grant gives ls its placement and hands its jobs to the agents.
-func (s *Server) grant(ls *leaseState, pl Placement, now time.Time, b *batch) {
+func (s *Server) grant(ls *leaseState, pl placement.Placement, now time.Time, b *batch) {
 	s.releaseClaims(ls)
 	l := ls.l
 	for i, a := range pl.Allocations {

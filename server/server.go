@@ -15,6 +15,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"kiln.dev/kiln/placement"
 	"log/slog"
 	"net"
 	"net/http"
@@ -54,9 +55,9 @@ type Config struct {
 	// FairShareWindow is the half-life of past usage in the fair-share
 	// order (default 1h).
 	FairShareWindow time.Duration
-	// Placer picks devices; a SchedPlacer when nil (FirstFit is the
+	// Placer picks devices; a placement.SchedPlacer when nil (placement.FirstFit is the
 	// simple alternative).
-	Placer Placer
+	Placer placement.Placer
 	// BodyTimeout bounds the time a request's body may take to arrive
 	// (default 30s); headers have 10s.
 	BodyTimeout time.Duration
@@ -146,7 +147,7 @@ func (c *Config) defaults() {
 		c.Logger = slog.Default()
 	}
 	if c.Placer == nil {
-		c.Placer = &SchedPlacer{KB: c.KB, Logger: c.Logger}
+		c.Placer = &placement.SchedPlacer{KB: c.KB, Logger: c.Logger}
 	}
 }
 
@@ -177,12 +178,12 @@ type Server struct {
 	// viewList is the views of the ready nodes, by node id (viewPos: a
 	// node's place in it); redrawn are the nodes whose view is out of date.
 	// Callers must not change the list.
-	viewList []*NodeView
+	viewList []*placement.NodeView
 	viewPos  map[*nodeState]int
 	redrawn  []*nodeState
 	leases   map[string]*leaseState // live leases and lost ones still holding devices
 	holding  map[string]*leaseState // lost leases still holding devices
-	empty    []*NodeView            // every node as if idle, for refusals
+	empty    []*placement.NodeView  // every node as if idle, for refusals
 	refusals map[string]string      // the refusal of each request shape while empty stays
 	jobs     map[string]*jobState   // live jobs
 	seq      int64
@@ -262,7 +263,7 @@ type nodeState struct {
 	wake   chan struct{}
 	stops  map[string]api.StopOrder // job id -> order, resent until the task ends
 	tasks  map[string]*jobState     // live jobs with a task here
-	view   *NodeView
+	view   *placement.NodeView
 	dirty  bool
 }
 
@@ -270,7 +271,7 @@ type leaseState struct {
 	l      *api.Lease
 	seq    int64
 	need   float64
-	req    Request
+	req    placement.Request
 	jobs   []*jobState
 	claims []unitRef
 	// final is the state the lease takes when its jobs have stopped.
@@ -603,7 +604,7 @@ func (s *Server) putUser(u api.User) {
 
 func (s *Server) newNode(r store.NodeRecord, drains map[string]store.DeviceState) *nodeState {
 	n := &nodeState{rec: r, byID: map[string]*unitState{}, wake: make(chan struct{}, 1), stops: map[string]api.StopOrder{}, tasks: map[string]*jobState{}, dirty: true}
-	devs := devicesOf(r.Snapshot, s.cfg.KB)
+	devs := placement.Devices(r.Snapshot, s.cfg.KB)
 	for _, d := range devs {
 		if st, ok := drains[d.ID]; ok && st.Drained {
 			d.Drained, d.DrainReason = true, st.Reason
@@ -623,8 +624,8 @@ func (s *Server) newLeaseState(l *api.Lease) *leaseState {
 }
 
 // requestOf turns a lease request into what placement needs.
-func requestOf(r api.LeaseRequest) Request {
-	req := Request{GPUs: r.GPUs, MIG: r.MIG, MemoryBytes: r.MemoryBytes, Constraints: r.Constraints}
+func requestOf(r api.LeaseRequest) placement.Request {
+	req := placement.Request{GPUs: r.GPUs, MIG: r.MIG, MemoryBytes: r.MemoryBytes, Constraints: r.Constraints}
 	if r.Fraction > 0 {
 		m := int(r.Fraction*1000 + 0.5)
 		req.MilliGPU = min(max(m, 1), 999)
@@ -640,7 +641,7 @@ func needOf(r api.LeaseRequest) float64 {
 	case r.Fraction > 0:
 		return float64(requestOf(r).MilliGPU) / 1000
 	case r.MIG != "":
-		return float64(migMilli(r.MIG)) / 1000
+		return float64(placement.MIGMilli(r.MIG)) / 1000
 	}
 	return 0
 }

@@ -1,12 +1,14 @@
-package server
+package placement
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/sched"
 	"kiln.dev/kiln/snapshot"
 )
 
@@ -48,6 +50,21 @@ type NodeView struct {
 	FreeWhole int
 }
 
+// NewNodeView starts the view of a node from its snapshot (its drivers)
+// with room for n devices, which the caller fills.
+func NewNodeView(id string, snap *snapshot.Snapshot, n int) *NodeView {
+	v := &NodeView{ID: id, Snapshot: snap, Devices: make([]DeviceView, 0, n)}
+	if snap != nil {
+		v.Driver = snap.Drivers.NVIDIAUser
+		if v.Driver == "" {
+			v.Driver = snap.Drivers.NVIDIAKernel
+		}
+		v.CUDA = snap.Drivers.CUDADriver
+		v.AMDGPU = snap.Drivers.AMDGPU
+	}
+	return v
+}
+
 // DeviceView is a device with what is left of it. Device points at the
 // server's own record of the device (a view is made on every change, and
 // copying each device made it the largest allocation per lease): placers
@@ -70,7 +87,24 @@ type Placement struct {
 }
 
 // NoFit is the error a Placer returns when nothing fits now.
-type NoFit struct{ Reason string }
+type NoFit struct {
+	// Reason is the whole refusal: "no node has 2 free GPUs (model A100):
+	// 0/3 nodes are available: 3 have no GPU of model A100".
+	Reason string
+	// Wanted is what no node has, with the constraints ("2 free GPUs
+	// (model A100)"), and Why the nodes counted per reason, when known;
+	// both empty for a refusal of another form.
+	Wanted, Why string
+}
+
+// noNodeHas is the refusal "no node has <wanted>[: <why>]".
+func noNodeHas(wanted, why string) *NoFit {
+	r := "no node has " + wanted
+	if why != "" {
+		r += ": " + why
+	}
+	return &NoFit{Reason: r, Wanted: wanted, Why: why}
+}
 
 func (e *NoFit) Error() string { return e.Reason }
 
@@ -93,48 +127,37 @@ func (FirstFit) Place(req Request, nodes []*NodeView) (Placement, error) {
 	return Placement{}, &NoFit{Reason: "the request asks for no GPU"}
 }
 
-// eligible reports whether a device matches the constraints, whatever its use.
-func eligible(n *NodeView, d *DeviceView, c api.Constraints) bool {
-	if len(c.Nodes) > 0 && !contains(c.Nodes, n.ID) {
-		return false
-	}
-	if c.Vendor != "" && !strings.EqualFold(c.Vendor, d.Vendor) {
-		return false
-	}
-	if c.Model != "" && !strings.Contains(strings.ToLower(d.Model), strings.ToLower(c.Model)) {
-		return false
-	}
-	if c.Architecture != "" && !strings.EqualFold(c.Architecture, d.Architecture) {
-		return false
-	}
-	if c.MinMemoryBytes > 0 && d.MemoryBytes < c.MinMemoryBytes {
-		return false
-	}
-	if c.MinComputeCapability != "" && !versionAtLeast(d.ComputeCapability, c.MinComputeCapability) {
-		return false
-	}
-	if c.MinDriver != "" {
-		have := n.Driver
-		if d.Vendor == "amd" {
-			have = n.AMDGPU
-		}
-		if !versionAtLeast(have, c.MinDriver) {
-			return false
-		}
-	}
-	if c.MinCUDA != "" && (d.Vendor != "nvidia" || !versionAtLeast(n.CUDA, c.MinCUDA)) {
-		return false
-	}
-	return true
+// matcher judges devices against one request's constraints with
+// sched.MatchDevice, the predicate every policy shares.
+type matcher struct {
+	c     sched.Constraints
+	nodes []string
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
+func newMatcher(c api.Constraints) *matcher {
+	return &matcher{c: constraintsOf(c), nodes: c.Nodes}
+}
+
+// constraintsOf is what api's constraints mean to sched (node and
+// locality constraints aside).
+func constraintsOf(c api.Constraints) sched.Constraints {
+	sc := sched.Constraints{Vendor: c.Vendor, Architecture: c.Architecture, MinMemoryBytes: c.MinMemoryBytes,
+		MinComputeCapability: c.MinComputeCapability, MinDriver: c.MinDriver, MinCUDA: c.MinCUDA}
+	if c.Model != "" {
+		sc.Models = []string{c.Model}
 	}
-	return false
+	return sc
+}
+
+// eligible reports whether a device matches the constraints, whatever its use.
+func (m *matcher) eligible(n *NodeView, d *DeviceView) bool {
+	if len(m.nodes) > 0 && !slices.Contains(m.nodes, n.ID) {
+		return false
+	}
+	sn := sched.Node{Driver: n.Driver, CUDA: n.CUDA, AMDGPU: n.AMDGPU}
+	sd := sched.Device{Vendor: d.Vendor, Model: d.Model, Architecture: d.Architecture, MemoryBytes: d.MemoryBytes,
+		ComputeCapability: d.ComputeCapability}
+	return sched.MatchDevice(&m.c, &sn, &sd) == ""
 }
 
 func grant(d *DeviceView, milli int, mem uint64, iso string) api.DeviceGrant {
@@ -144,6 +167,7 @@ func grant(d *DeviceView, milli int, mem uint64, iso string) api.DeviceGrant {
 
 func placeWhole(req Request, nodes []*NodeView) (Placement, error) {
 	c := req.Constraints
+	m := newMatcher(c)
 	for _, n := range nodes {
 		if n.FreeWhole < req.GPUs {
 			continue
@@ -152,7 +176,7 @@ func placeWhole(req Request, nodes []*NodeView) (Placement, error) {
 		var keys []string
 		for i := range n.Devices {
 			d := &n.Devices[i]
-			if !d.Usable || !d.Whole || d.MIGMode || d.Parent != "" || !eligible(n, d, c) {
+			if !d.Usable || !d.Whole || d.MIGMode || d.Parent != "" || !m.eligible(n, d) {
 				continue
 			}
 			key := ""
@@ -197,7 +221,7 @@ func placeWhole(req Request, nodes []*NodeView) (Placement, error) {
 				if left == 0 {
 					break
 				}
-				if d.Usable && d.Whole && !d.MIGMode && d.Parent == "" && eligible(n, d, c) {
+				if d.Usable && d.Whole && !d.MIGMode && d.Parent == "" && m.eligible(n, d) {
 					a.Devices = append(a.Devices, grant(d, 1000, d.MemoryBytes, api.IsolationExclusive))
 					left--
 				}
@@ -210,11 +234,12 @@ func placeWhole(req Request, nodes []*NodeView) (Placement, error) {
 			}
 		}
 	}
-	return Placement{}, &NoFit{Reason: fmt.Sprintf("no node has %d free GPUs%s", req.GPUs, describe(c))}
+	return Placement{}, noNodeHas(fmt.Sprintf("%d free GPUs%s", req.GPUs, describe(c)), "")
 }
 
 func placeFraction(req Request, nodes []*NodeView) (Placement, error) {
 	c := req.Constraints
+	m := newMatcher(c)
 	type cand struct {
 		n    *NodeView
 		d    *DeviceView
@@ -224,14 +249,14 @@ func placeFraction(req Request, nodes []*NodeView) (Placement, error) {
 	for _, n := range nodes {
 		for i := range n.Devices {
 			d := &n.Devices[i]
-			if !d.Usable || d.MIGMode || !eligible(n, d, c) {
+			if !d.Usable || d.MIGMode || !m.eligible(n, d) {
 				continue
 			}
 			var rank int
 			switch {
 			case d.Parent != "": // a MIG instance: hardware isolation
 				// A fraction that names no memory gets the instance's.
-				if !d.Whole || d.MemoryBytes < req.MemoryBytes || migMilli(d.MIGProfile) < req.MilliGPU {
+				if !d.Whole || d.MemoryBytes < req.MemoryBytes || MIGMilli(d.MIGProfile) < req.MilliGPU {
 					continue
 				}
 				rank = 0
@@ -262,7 +287,7 @@ func placeFraction(req Request, nodes []*NodeView) (Placement, error) {
 	d := best.d
 	g := grant(d, req.MilliGPU, fractionMemory(req, d), d.Isolation)
 	if d.Parent != "" {
-		g = grant(d, migMilli(d.MIGProfile), d.MemoryBytes, api.IsolationMIG)
+		g = grant(d, MIGMilli(d.MIGProfile), d.MemoryBytes, api.IsolationMIG)
 	}
 	return Placement{Allocations: []api.Allocation{{Node: best.n.ID, Devices: []api.DeviceGrant{g}}}}, nil
 }
@@ -277,14 +302,15 @@ func fractionMemory(req Request, d *DeviceView) uint64 {
 }
 
 func placeMIG(req Request, nodes []*NodeView) (Placement, error) {
+	m := newMatcher(req.Constraints)
 	for _, n := range nodes {
 		for i := range n.Devices {
 			d := &n.Devices[i]
-			if d.Parent == "" || !d.Usable || !d.Whole || !eligible(n, d, req.Constraints) {
+			if d.Parent == "" || !d.Usable || !d.Whole || !m.eligible(n, d) {
 				continue
 			}
 			if d.MIGProfile == req.MIG || (d.UUID != "" && d.UUID == req.MIG) {
-				g := grant(d, migMilli(d.MIGProfile), d.MemoryBytes, api.IsolationMIG)
+				g := grant(d, MIGMilli(d.MIGProfile), d.MemoryBytes, api.IsolationMIG)
 				return Placement{Allocations: []api.Allocation{{Node: n.ID, Devices: []api.DeviceGrant{g}}}}, nil
 			}
 		}
@@ -292,8 +318,8 @@ func placeMIG(req Request, nodes []*NodeView) (Placement, error) {
 	return Placement{}, &NoFit{Reason: fmt.Sprintf("no free MIG instance %s%s", req.MIG, describe(req.Constraints))}
 }
 
-// migMilli is a MIG profile's compute share: "3g.40gb" is 3 of 7 slices.
-func migMilli(profile string) int {
+// MIGMilli is a MIG profile's compute share: "3g.40gb" is 3 of 7 slices.
+func MIGMilli(profile string) int {
 	i := strings.IndexByte(profile, 'g')
 	if i <= 0 {
 		return 1000 / 7

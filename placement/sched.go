@@ -1,4 +1,4 @@
-package server
+package placement
 
 import (
 	"errors"
@@ -486,13 +486,8 @@ func (f *nodeFilter) FilterNode(_ *sched.Request, ni *sched.NodeInfo) string {
 // request turns a lease request into a sched request.
 func schedRequest(req Request, id string) sched.Request {
 	c := req.Constraints
-	r := sched.Request{ID: id, GPUs: req.GPUs, GPUMilli: req.MilliGPU, MIGProfile: req.MIG,
-		Constraints: sched.Constraints{Vendor: c.Vendor, Architecture: c.Architecture, MinMemoryBytes: c.MinMemoryBytes,
-			MinComputeCapability: c.MinComputeCapability, MinDriver: c.MinDriver, MinCUDA: c.MinCUDA},
+	r := sched.Request{ID: id, GPUs: req.GPUs, GPUMilli: req.MilliGPU, MIGProfile: req.MIG, Constraints: constraintsOf(c),
 		Locality: sched.Locality{SameNVLinkIsland: c.SameNVLinkIsland, SameNUMA: c.SameNUMA}}
-	if c.Model != "" {
-		r.Constraints.Models = []string{c.Model}
-	}
 	if req.MilliGPU > 0 {
 		r.GPUs, r.MIGProfile, r.GPUMemoryBytes = 0, "", req.MemoryBytes
 	}
@@ -640,7 +635,7 @@ func (p *SchedPlacer) placement(as []sched.Allocation) Placement {
 					continue
 				}
 				d := &sn.view.Devices[vi]
-				milli := migMilli(d.MIGProfile)
+				milli := MIGMilli(d.MIGProfile)
 				if geo := sn.node.Devices[sh.Device].MIG; geo != nil && geo.ComputeSlices > 0 {
 					milli = sh.MIG.Compute * 1000 / geo.ComputeSlices
 				}
@@ -673,8 +668,7 @@ func noFit(req Request, err error) error {
 		case req.MIG != "":
 			what = "a free MIG instance " + req.MIG
 		}
-		reasons := strings.TrimPrefix(ue.Error(), "request "+ue.Request+" fits no node: ")
-		return &NoFit{Reason: fmt.Sprintf("no node has %s%s: %s", what, describe(req.Constraints), reasons)}
+		return noNodeHas(what+describe(req.Constraints), ue.Summary())
 	}
 	return &NoFit{Reason: err.Error()}
 }

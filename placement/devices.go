@@ -1,4 +1,4 @@
-package server
+package placement
 
 import (
 	"fmt"
@@ -11,10 +11,10 @@ import (
 	"kiln.dev/kiln/snapshot"
 )
 
-// devicesOf turns a node's Snapshot into its allocatable units: one per
+// Devices turns a node's Snapshot into its allocatable units: one per
 // GPU, and one per MIG instance of a GPU in MIG mode (the GPU itself is
 // then leased only through its instances).
-func devicesOf(s *snapshot.Snapshot, k *kb.KB) []api.Device {
+func Devices(s *snapshot.Snapshot, k *kb.KB) []api.Device {
 	if s == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package server
+package placement
 
 import (
 	"context"
@@ -70,7 +70,7 @@ type fleet struct {
 func newFleet(snaps map[string]*snapshot.Snapshot) *fleet {
 	f := &fleet{snaps: snaps, units: map[string][]*unitState{}, leases: map[string]Placement{}, cache: map[string]*NodeView{}}
 	for id, s := range snaps {
-		for _, d := range devicesOf(s, kb.Default()) {
+		for _, d := range Devices(s, kb.Default()) {
 			f.units[id] = append(f.units[id], &unitState{dev: d, holders: map[string]int{}, mem: map[string]uint64{}})
 		}
 	}
@@ -100,7 +100,7 @@ func (f *fleet) views(adjust func(node string, u *unitState, d *DeviceView)) []*
 			out = append(out, v)
 			continue
 		}
-		v := &NodeView{ID: id, Snapshot: f.snaps[id]}
+		v := NewNodeView(id, f.snaps[id], len(f.units[id]))
 		for _, u := range f.units[id] {
 			d := DeviceView{Device: &u.dev, Usable: !u.dev.Drained && !u.dev.MIGMode, Whole: len(u.holders) == 0, FreeMilli: max(1000-u.usedMilli, 0)}
 			if u.dev.MemoryBytes > u.usedMem {
@@ -410,5 +410,33 @@ func check(t *testing.T, req Request, pl Placement, views []*NodeView) {
 	}
 	if req.GPUs > 0 && n != req.GPUs {
 		t.Fatalf("%+v: %d devices granted", req, n)
+	}
+}
+
+// unitState is a device and what leases hold of it, as the lease core
+// keeps it.
+type unitState struct {
+	dev       api.Device
+	holders   map[string]int
+	mem       map[string]uint64
+	usedMilli int
+	usedMem   uint64
+}
+
+func (u *unitState) hold(lease string, milli int, mem uint64) {
+	if _, ok := u.holders[lease]; ok {
+		return
+	}
+	u.holders[lease], u.mem[lease] = milli, mem
+	u.usedMilli += milli
+	u.usedMem += mem
+}
+
+func (u *unitState) free(lease string) {
+	if m, ok := u.holders[lease]; ok {
+		u.usedMilli -= m
+		u.usedMem -= u.mem[lease]
+		delete(u.holders, lease)
+		delete(u.mem, lease)
 	}
 }
