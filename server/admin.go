@@ -15,24 +15,16 @@ import (
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	out := api.NodeList{Nodes: []api.Node{}}
-	for _, n := range s.nodeList() {
-		nd := s.nodeAPI(n)
-		out.Nodes = append(out.Nodes, nd)
-	}
+	out := api.NodeList{Nodes: s.core.Nodes()}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	n := s.nodes[r.PathValue("id")]
-	var nd api.Node
-	if n != nil {
-		nd = s.nodeAPI(n)
-	}
+	nd, ok := s.core.NodeInfo(r.PathValue("id"))
 	s.mu.Unlock()
-	if n == nil {
+	if !ok {
 		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s not found", r.PathValue("id")))
 		return
 	}
@@ -52,94 +44,22 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	n := s.nodes[id]
-	if n == nil {
-		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s not found", id))
+	nd, b, err := s.core.Drain(time.Now(), id, req.Devices, req.Undrain, req.ClearLost, req.Reason, c.user.Name)
+	if err != nil {
+		writeErr(w, 0, err)
 		return
 	}
-	var units []*unitState
-	if len(req.Devices) == 0 {
-		units = n.units
-	} else {
-		for _, d := range req.Devices {
-			u := n.byID[d]
-			if u == nil {
-				writeErr(w, http.StatusNotFound, fmt.Errorf("node %s has no device %s", id, d))
-				return
-			}
-			units = append(units, u)
-		}
-	}
-	now := time.Now()
-	b := newBatch()
-	if req.ClearLost {
-		s.clearLost(n, "cleared by "+c.user.Name, b)
-		b.event("node.cleared", id, "", "%s cleared the devices lost leases held on %s", c.user.Name, id)
-	} else {
-		reason := req.Reason
-		if reason == "" {
-			reason = "drained by " + c.user.Name
-		}
-		for _, u := range units {
-			if req.Undrain {
-				u.dev.Drained, u.dev.DrainReason = false, ""
-			} else {
-				u.dev.Drained, u.dev.DrainReason = true, reason
-			}
-			b.drains = append(b.drains, drainRow{id, u.dev.ID, store.DeviceState{Drained: u.dev.Drained, Reason: u.dev.DrainReason}})
-		}
-		s.redraw(n)
-		verb := "drained"
-		if req.Undrain {
-			verb = "undrained"
-		}
-		b.event("node."+verb, id, "", "%s %s %d devices: %s", c.user.Name, verb, len(units), reason)
-	}
-	s.schedule(now, b)
 	if err := s.flushWait(b); err != nil {
 		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.nodeAPI(n))
-}
-
-// clearLost frees what lost leases hold on a node, their tasks there
-// marked lost with reason; s.mu is held.
-func (s *Server) clearLost(n *nodeState, reason string, b *batch) {
-	id := n.rec.Node.ID
-	for _, ls := range s.holding {
-		if ls.heldNodes[id] {
-			for _, js := range ls.jobs {
-				if t := js.task(id); t != nil && !api.JobFinal(t.State) {
-					t.State, t.Reason = api.JobLost, reason
-					b.job(js.j)
-				}
-				delete(n.stops, js.j.ID)
-				delete(n.tasks, js.j.ID)
-			}
-			s.releaseHold(ls, id, b)
-		}
-	}
+	writeJSON(w, http.StatusOK, nd)
 }
 
 func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	s.mu.Lock()
-	now := time.Now()
-	queued := map[string]int{}
-	for _, ls := range s.leases {
-		if ls.l.State == api.LeaseQueued {
-			queued[ls.l.Project]++
-		}
-	}
-	var names []string
-	for name := range s.projects {
-		if c.canSee(name) {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-	out := []api.Project{}
+	out := s.core.Projects(time.Now(), c.canSee)
 	var members map[string][]string
 	err := s.st.View(r.Context(), func(tx *store.Tx) error {
 		ps, err := tx.Projects()
@@ -149,14 +69,8 @@ func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) {
 		}
 		return err
 	})
-	for _, name := range names {
-		ps := s.projects[name]
-		p := ps.p
-		p.Members = members[name]
-		p.HeldGPUs = ps.held
-		p.UsedHours = s.usedHours(ps, now)
-		p.QueuedLease = queued[name]
-		out = append(out, p)
+	for i := range out {
+		out[i].Members = members[out[i].Name]
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -211,10 +125,9 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, 0, storeErr(err))
 		return
 	}
-	ps := s.project(p.Name)
 	members := p.Members
 	p.Members = nil
-	ps.p = p
+	b := s.core.PutProject(time.Now(), p)
 	for _, m := range members {
 		u := s.byName[m].User
 		if !slices.Contains(u.Projects, p.Name) {
@@ -222,8 +135,6 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 		}
 		s.putUser(u) // a new value: callers may read the old one unlocked
 	}
-	b := newBatch()
-	s.schedule(time.Now(), b)
 	if err := s.flushWait(b); err != nil {
 		writeErr(w, http.StatusServiceUnavailable, err)
 		return
@@ -287,7 +198,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, p := range req.Projects {
-		if _, ok := s.projects[p]; !ok {
+		if !s.core.HasProject(p) {
 			writeErr(w, http.StatusNotFound, fmt.Errorf("project %s does not exist (create it with 'kiln token project %s')", p, p))
 			return
 		}

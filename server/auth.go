@@ -160,7 +160,7 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	s.amu.Lock()
 	s.tokens[tokID] = &tokenInfo{store.TokenRow{ID: tokID, UserID: admin.ID, Hash: hash, Created: now}}
 	s.amu.Unlock()
-	s.projects["default"] = &projState{p: def, recentAt: now, period: periodStart(now, def.PeriodSeconds)}
+	s.core.AddProject(now, def)
 	jt, err := s.newJoinToken(ctx, defaultJoinTTL, 1, "first start")
 	if err != nil {
 		return fmt.Errorf("first start: %w", err)

@@ -3,10 +3,11 @@ package server_test
 import (
 	"context"
 	"io"
-	"kiln.dev/kiln/placement"
 	"strings"
 	"testing"
 	"time"
+
+	"kiln.dev/kiln/placement"
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/server"

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"kiln.dev/kiln/placement"
 	"net/http"
 	"os"
 	"runtime/debug"
@@ -14,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"kiln.dev/kiln/placement"
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/server"

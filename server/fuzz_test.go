@@ -2,9 +2,11 @@ package server
 
 import (
 	"encoding/json"
-	"kiln.dev/kiln/placement"
 	"regexp"
 	"testing"
+
+	"kiln.dev/kiln/lease"
+	"kiln.dev/kiln/placement"
 
 	"kiln.dev/kiln/api"
 )
@@ -39,10 +41,10 @@ func FuzzParseLeaseRequest(f *testing.F) {
 		if kinds != 1 || r.GPUs < 0 || r.Priority < -1000 || r.Priority > 1000 || r.TimeLimitSeconds < 0 {
 			t.Fatalf("accepted an invalid request: %+v", r)
 		}
-		if needOf(r) <= 0 {
-			t.Fatalf("accepted request needs %v GPUs: %+v", needOf(r), r)
+		if lease.NeedOf(r) <= 0 {
+			t.Fatalf("accepted request needs %v GPUs: %+v", lease.NeedOf(r), r)
 		}
-		req := requestOf(r)
+		req := lease.RequestOf(r)
 		if r.Fraction > 0 && (req.MilliGPU < 1 || req.MilliGPU > 999) {
 			t.Fatalf("fraction %v became %d‰", r.Fraction, req.MilliGPU)
 		}

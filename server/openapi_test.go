@@ -1,10 +1,11 @@
 package server
 
 import (
-	"kiln.dev/kiln/api"
 	"sort"
 	"strings"
 	"testing"
+
+	"kiln.dev/kiln/api"
 
 	"sigs.k8s.io/yaml"
 )

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/lease"
 )
 
 // Authentication a route needs.
@@ -259,6 +260,8 @@ func writeErr(w http.ResponseWriter, status int, err error) {
 	var he *httpError
 	if errors.As(err, &he) {
 		status = he.status
+	} else if k := lease.KindOf(err); k != 0 {
+		status = kindStatus[k]
 	}
 	if errors.Is(err, errTooLarge) {
 		status = http.StatusRequestEntityTooLarge
@@ -271,6 +274,15 @@ func writeErr(w http.ResponseWriter, status int, err error) {
 	w.WriteHeader(status)
 	b, _ := json.Marshal(map[string]string{"error": msg})
 	w.Write(append(b, '\n'))
+}
+
+// kindStatus is the HTTP status of each kind of the lease core's refusals.
+var kindStatus = map[lease.Kind]int{
+	lease.Invalid:   http.StatusBadRequest,
+	lease.Forbidden: http.StatusForbidden,
+	lease.NotFound:  http.StatusNotFound,
+	lease.Conflict:  http.StatusConflict,
+	lease.Busy:      http.StatusTooManyRequests,
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -15,18 +15,18 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"kiln.dev/kiln/placement"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"kiln.dev/kiln/lease"
+	"kiln.dev/kiln/placement"
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/kb"
@@ -167,39 +167,16 @@ type Server struct {
 	// amu guards users, byName, tokens, agents and each node's certFP:
 	// writers hold mu and amu, authentication only amu (read), so checking
 	// a caller never waits behind the queue.
-	amu       sync.RWMutex
-	users     map[string]*userInfo // by id
-	byName    map[string]*userInfo
-	tokens    map[string]*tokenInfo // by token id
-	agents    map[string]*nodeState // every node, by id
-	projects  map[string]*projState
-	nodes     map[string]*nodeState
-	nodeCache []*nodeState
-	// viewList is the views of the ready nodes, by node id (viewPos: a
-	// node's place in it); redrawn are the nodes whose view is out of date.
-	// Callers must not change the list.
-	viewList []*placement.NodeView
-	viewPos  map[*nodeState]int
-	redrawn  []*nodeState
-	leases   map[string]*leaseState // live leases and lost ones still holding devices
-	holding  map[string]*leaseState // lost leases still holding devices
-	empty    []*placement.NodeView  // every node as if idle, for refusals
-	refusals map[string]string      // the refusal of each request shape while empty stays
-	jobs     map[string]*jobState   // live jobs
-	seq      int64
-	// started anchors the fair-share sums; length is the typical lease
-	// length in seconds, learnt from lengthN ended leases (fairshare.go).
-	started  time.Time
-	length   float64
-	lengthN  int
-	wseq     uint64                 // sequence number of the last changes handed to cm
-	heads    []string               // leases holding backfill reservations, one per project at most
-	reserved []unitRef              // devices reserved for heads
-	claiming map[string]*leaseState // leases that claimed devices of preempted ones
-	order    []string               // queued leases in grant order, from the last pass
-	est      map[string]time.Time
-	estAt    time.Time
-	changed  chan struct{} // closed and replaced on every change (lease watchers)
+	amu    sync.RWMutex
+	users  map[string]*userInfo // by id
+	byName map[string]*userInfo
+	tokens map[string]*tokenInfo // by token id
+	agents map[string]*agentInfo // every node, by id
+	// core is the state of projects, nodes, leases and jobs and the queue's
+	// policy; every call holds mu.
+	core    *lease.Core
+	wseq    uint64        // sequence number of the last changes handed to cm
+	changed chan struct{} // closed and replaced on every change (lease watchers)
 
 	stop   context.CancelFunc
 	loopWG sync.WaitGroup
@@ -228,66 +205,11 @@ type tokenInfo struct {
 	store.TokenRow
 }
 
-type projState struct {
-	p        api.Project
-	held     float64 // GPU equivalents held now
-	startSum float64 // sum of need x grant time (Server.rel) of the leases held
-	recent   float64 // decayed GPU-seconds of ended leases
-	recentAt time.Time
-	period   time.Time // start of the quota period
-	used     float64   // GPU-seconds of leases ended in the period
-}
-
-type unitState struct {
-	dev         api.Device
-	holders     map[string]int // lease id -> milli GPU
-	mem         map[string]uint64
-	usedMilli   int
-	usedMem     uint64
-	reservedFor string
-	reservedTil time.Time
-	claimedBy   string
-}
-
-type nodeState struct {
-	rec   store.NodeRecord
-	units []*unitState
-	byID  map[string]*unitState
-	// seen is when the agent last called (unix nanoseconds); idle is true
-	// while the server has nothing for the node (no task, no stop order, no
-	// lost lease holding its devices), so a heartbeat that runs nothing
-	// needs no lock. poke clears it.
-	seen   atomic.Int64
-	idle   atomic.Bool
-	certFP string // guarded by Server.amu
-	wake   chan struct{}
-	stops  map[string]api.StopOrder // job id -> order, resent until the task ends
-	tasks  map[string]*jobState     // live jobs with a task here
-	view   *placement.NodeView
-	dirty  bool
-}
-
-type leaseState struct {
-	l      *api.Lease
-	seq    int64
-	need   float64
-	req    placement.Request
-	jobs   []*jobState
-	claims []unitRef
-	// final is the state the lease takes when its jobs have stopped.
-	final string
-	// heldNodes are the nodes where a lost lease still holds devices.
-	heldNodes map[string]bool
-	// checkFit is set on a new lease until it is known whether it could
-	// ever fit (asked the first time it cannot be placed at once).
-	checkFit bool
-}
-
-type unitRef struct{ node, unit string }
-
-type jobState struct {
-	j     *api.Job
-	lease *leaseState
+// agentInfo is a node as authentication knows it: the certificate its
+// agent must present.
+type agentInfo struct {
+	node   *lease.Node
+	certFP string
 }
 
 // New opens (or creates) the data directory and loads the state.
@@ -334,15 +256,17 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger, started: time.Now(),
-		unauth:   newRateLimiter(cfg.UnauthRate, cfg.UnauthBurst),
-		logs:     newLogHub(filepath.Join(cfg.DataDir, "logs")),
-		agents:   map[string]*nodeState{},
-		users:    map[string]*userInfo{},
-		byName:   map[string]*userInfo{},
-		tokens:   map[string]*tokenInfo{},
-		changed:  make(chan struct{}),
-		claiming: map[string]*leaseState{},
+	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger,
+		unauth:  newRateLimiter(cfg.UnauthRate, cfg.UnauthBurst),
+		logs:    newLogHub(filepath.Join(cfg.DataDir, "logs")),
+		agents:  map[string]*agentInfo{},
+		users:   map[string]*userInfo{},
+		byName:  map[string]*userInfo{},
+		tokens:  map[string]*tokenInfo{},
+		changed: make(chan struct{}),
+		core: lease.New(lease.Config{HeartbeatTimeout: cfg.HeartbeatTimeout, DefaultTimeLimit: cfg.DefaultTimeLimit,
+			MaxTimeLimit: cfg.MaxTimeLimit, PreemptGrace: cfg.PreemptGrace, FairShareWindow: cfg.FairShareWindow,
+			Limits: cfg.Limits, Placer: cfg.Placer, KB: cfg.KB, Logger: cfg.Logger, NewID: newID}, time.Now()),
 	}
 	if err := s.load(ctx); err != nil {
 		st.Close()
@@ -438,155 +362,6 @@ func (s *Server) Close() error {
 	return err
 }
 
-// load reads the store into memory.
-func (s *Server) load(ctx context.Context) error {
-	now := time.Now()
-	return s.st.View(ctx, func(tx *store.Tx) error {
-		users, err := tx.Users()
-		if err != nil {
-			return err
-		}
-		for _, u := range users {
-			s.putUser(u)
-		}
-		toks, err := tx.Tokens()
-		if err != nil {
-			return err
-		}
-		s.amu.Lock()
-		for _, t := range toks {
-			s.tokens[t.ID] = &tokenInfo{t}
-		}
-		s.amu.Unlock()
-		projs, err := tx.Projects()
-		if err != nil {
-			return err
-		}
-		s.projects = map[string]*projState{}
-		for _, p := range projs {
-			ps := &projState{p: p, recentAt: now}
-			ps.period = periodStart(now, p.PeriodSeconds)
-			if ps.used, err = tx.Usage(p.Name, ps.period); err != nil {
-				return err
-			}
-			s.projects[p.Name] = ps
-		}
-		s.nodes = map[string]*nodeState{}
-		recs, err := tx.Nodes()
-		if err != nil {
-			return err
-		}
-		for _, r := range recs {
-			drains, err := tx.Devices(r.Node.ID)
-			if err != nil {
-				return err
-			}
-			n := s.newNode(r, drains)
-			// A restarted server gives every node a full timeout to
-			// come back before calling it lost.
-			n.touch(now)
-			s.nodes[r.Node.ID] = n
-			s.addAgent(n)
-		}
-		s.leases = map[string]*leaseState{}
-		s.holding = map[string]*leaseState{}
-		s.jobs = map[string]*jobState{}
-		live, err := tx.Leases(store.LeaseFilter{States: []string{api.LeaseQueued, api.LeaseGranted, api.LeaseStopping, api.LeaseLost}, Limit: 1 << 30})
-		if err != nil {
-			return err
-		}
-		sort.Slice(live, func(i, j int) bool {
-			if !live[i].CreatedAt.Equal(live[j].CreatedAt) {
-				return live[i].CreatedAt.Before(live[j].CreatedAt)
-			}
-			return live[i].ID < live[j].ID
-		})
-		for _, l := range live {
-			if l.State == api.LeaseLost && !l.Holding {
-				continue
-			}
-			ls := s.newLeaseState(l)
-			s.leases[l.ID] = ls
-			for _, a := range l.Allocations {
-				if l.State == api.LeaseQueued {
-					break
-				}
-				n := s.nodes[a.Node]
-				if n == nil {
-					continue
-				}
-				for _, g := range a.Devices {
-					if u := n.byID[g.ID]; u != nil {
-						u.hold(l.ID, g.MilliGPU, g.MemoryBytes)
-					}
-				}
-				s.redraw(n)
-			}
-			if l.State == api.LeaseGranted || l.State == api.LeaseStopping {
-				if ps := s.projects[l.Project]; ps != nil && l.GrantedAt != nil {
-					s.heldSince(ps, ls, *l.GrantedAt)
-				}
-			}
-			if l.State == api.LeaseStopping {
-				ls.final = finalFromReason(l)
-			}
-			if l.State == api.LeaseLost {
-				ls.heldNodes = map[string]bool{}
-				for _, a := range l.Allocations {
-					ls.heldNodes[a.Node] = true
-				}
-				s.holding[l.ID] = ls
-			}
-		}
-		jp, err := tx.JobProjects()
-		if err != nil {
-			return err
-		}
-		s.logs.count(jp)
-		jobs, err := tx.Jobs(api.JobPending, api.JobAssigned, api.JobRunning)
-		if err != nil {
-			return err
-		}
-		for _, j := range jobs {
-			ls := s.leases[j.LeaseID]
-			if ls == nil {
-				continue
-			}
-			js := &jobState{j: j, lease: ls}
-			ls.jobs = append(ls.jobs, js)
-			s.jobs[j.ID] = js
-			for _, t := range j.Tasks {
-				if n := s.nodes[t.Node]; n != nil && !api.JobFinal(t.State) {
-					n.tasks[j.ID] = js
-				}
-			}
-			if ls.l.State == api.LeaseStopping {
-				s.orderStop(js, time.Until(*ls.l.StopDeadline), ls.l.Reason)
-			}
-		}
-		return nil
-	})
-}
-
-// finalFromReason recovers what a stopping lease will become.
-func finalFromReason(l *api.Lease) string {
-	switch {
-	case len(l.Reason) >= 9 && l.Reason[:9] == "preempted":
-		return api.LeasePreempted
-	case len(l.Reason) >= 7 && l.Reason[:7] == "expired":
-		return api.LeaseExpired
-	}
-	return api.LeaseDone
-}
-
-func periodStart(now time.Time, seconds int) time.Time {
-	if seconds <= 0 {
-		seconds = 30 * 24 * 3600
-	}
-	p := int64(seconds)
-	return time.Unix(now.Unix()/p*p, 0).UTC()
-}
-
 // putUser adds or replaces a user; s.mu is held.
 func (s *Server) putUser(u api.User) {
 	s.amu.Lock()
@@ -602,72 +377,6 @@ func (s *Server) putUser(u api.User) {
 	s.byName[u.Name] = ui
 }
 
-func (s *Server) newNode(r store.NodeRecord, drains map[string]store.DeviceState) *nodeState {
-	n := &nodeState{rec: r, byID: map[string]*unitState{}, wake: make(chan struct{}, 1), stops: map[string]api.StopOrder{}, tasks: map[string]*jobState{}, dirty: true}
-	devs := placement.Devices(r.Snapshot, s.cfg.KB)
-	for _, d := range devs {
-		if st, ok := drains[d.ID]; ok && st.Drained {
-			d.Drained, d.DrainReason = true, st.Reason
-		}
-		u := &unitState{dev: d, holders: map[string]int{}, mem: map[string]uint64{}}
-		n.units = append(n.units, u)
-		n.byID[d.ID] = u
-	}
-	return n
-}
-
-func (s *Server) newLeaseState(l *api.Lease) *leaseState {
-	s.seq++
-	ls := &leaseState{l: l, seq: s.seq, req: requestOf(l.Request)}
-	ls.need = needOf(l.Request)
-	return ls
-}
-
-// requestOf turns a lease request into what placement needs.
-func requestOf(r api.LeaseRequest) placement.Request {
-	req := placement.Request{GPUs: r.GPUs, MIG: r.MIG, MemoryBytes: r.MemoryBytes, Constraints: r.Constraints}
-	if r.Fraction > 0 {
-		m := int(r.Fraction*1000 + 0.5)
-		req.MilliGPU = min(max(m, 1), 999)
-	}
-	return req
-}
-
-// needOf is a request's size in GPU equivalents.
-func needOf(r api.LeaseRequest) float64 {
-	switch {
-	case r.GPUs > 0:
-		return float64(r.GPUs)
-	case r.Fraction > 0:
-		return float64(requestOf(r).MilliGPU) / 1000
-	case r.MIG != "":
-		return float64(placement.MIGMilli(r.MIG)) / 1000
-	}
-	return 0
-}
-
-func (u *unitState) hold(lease string, milli int, mem uint64) {
-	if _, ok := u.holders[lease]; ok {
-		return
-	}
-	u.holders[lease] = milli
-	u.mem[lease] = mem
-	u.usedMilli += milli
-	u.usedMem += mem
-}
-
-func (u *unitState) free(lease string) bool {
-	m, ok := u.holders[lease]
-	if !ok {
-		return false
-	}
-	u.usedMilli -= m
-	u.usedMem -= u.mem[lease]
-	delete(u.holders, lease)
-	delete(u.mem, lease)
-	return true
-}
-
 // notify wakes whoever waits for a change (lease watchers).
 func (s *Server) notify() {
 	close(s.changed)
@@ -676,26 +385,11 @@ func (s *Server) notify() {
 
 // addAgent makes a node known to authentication with its certificate;
 // s.mu is held.
-func (s *Server) addAgent(n *nodeState) {
+func (s *Server) addAgent(n *lease.Node) {
 	s.amu.Lock()
 	defer s.amu.Unlock()
-	s.agents[n.rec.Node.ID] = n
-	n.certFP = n.rec.CertSHA256
-}
-
-// touch records a call of the node's agent.
-func (n *nodeState) touch(t time.Time) { n.seen.Store(t.UnixNano()) }
-
-// lastSeen is when the node's agent last called.
-func (n *nodeState) lastSeen() time.Time { return time.Unix(0, n.seen.Load()) }
-
-// poke wakes the node's heartbeat: the server has something for it.
-func (n *nodeState) poke() {
-	n.idle.Store(false)
-	select {
-	case n.wake <- struct{}{}:
-	default:
-	}
+	rec := n.Record()
+	s.agents[rec.Node.ID] = &agentInfo{node: n, certFP: rec.CertSHA256}
 }
 
 func newID(prefix string) string {
@@ -715,4 +409,88 @@ func TuneGC() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(GCPercent)
 	}
+}
+
+// load reads the store into memory: users and tokens here, the rest into
+// the lease core.
+func (s *Server) load(ctx context.Context) error {
+	now := time.Now()
+	return s.st.View(ctx, func(tx *store.Tx) error {
+		users, err := tx.Users()
+		if err != nil {
+			return err
+		}
+		for _, u := range users {
+			s.putUser(u)
+		}
+		toks, err := tx.Tokens()
+		if err != nil {
+			return err
+		}
+		s.amu.Lock()
+		for _, t := range toks {
+			s.tokens[t.ID] = &tokenInfo{t}
+		}
+		s.amu.Unlock()
+		if err := s.core.Load(now, storeSource{tx}); err != nil {
+			return err
+		}
+		for _, n := range s.core.NodeList() {
+			s.addAgent(n)
+		}
+		jp, err := tx.JobProjects()
+		if err != nil {
+			return err
+		}
+		s.logs.count(jp)
+		return nil
+	})
+}
+
+// storeSource is the store as the lease core loads it, rows mapped to the
+// core's types.
+type storeSource struct{ tx *store.Tx }
+
+func (t storeSource) Projects() ([]api.Project, error) { return t.tx.Projects() }
+
+func (t storeSource) Usage(project string, since time.Time) (float64, error) {
+	return t.tx.Usage(project, since)
+}
+
+func (t storeSource) Nodes() ([]lease.NodeRecord, error) {
+	recs, err := t.tx.Nodes()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]lease.NodeRecord, len(recs))
+	for i, r := range recs {
+		out[i] = nodeFromStore(r)
+	}
+	return out, nil
+}
+
+func (t storeSource) Devices(node string) (map[string]lease.DeviceState, error) {
+	ds, err := t.tx.Devices(node)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]lease.DeviceState, len(ds))
+	for id, d := range ds {
+		out[id] = lease.DeviceState{Drained: d.Drained, Reason: d.Reason}
+	}
+	return out, nil
+}
+
+func (t storeSource) Leases(states []string) ([]*api.Lease, error) {
+	return t.tx.Leases(store.LeaseFilter{States: states, Limit: 1 << 30})
+}
+
+func (t storeSource) Jobs(states ...string) ([]*api.Job, error) { return t.tx.Jobs(states...) }
+
+func nodeFromStore(r store.NodeRecord) lease.NodeRecord {
+	return lease.NodeRecord{Node: r.Node, Snapshot: r.Snapshot, CertSHA256: r.CertSHA256, KeySHA256: r.KeySHA256, Replacing: r.Replacing}
+}
+
+func nodeToStore(r lease.NodeRecord) store.NodeRecord {
+	return store.NodeRecord{Node: r.Node, Snapshot: r.Snapshot, CertSHA256: r.CertSHA256, KeySHA256: r.KeySHA256, Replacing: r.Replacing}
 }

@@ -1,4 +1,4 @@
-package server
+package lease
 
 import (
 	"math"
@@ -15,14 +15,14 @@ import (
 // only the GPUs held at one instant.
 
 // heldSince records a granted lease in its project's running usage.
-func (s *Server) heldSince(ps *projState, ls *leaseState, granted time.Time) {
+func (s *Core) heldSince(ps *projState, ls *leaseState, granted time.Time) {
 	ps.held += ls.need
 	ps.startSum += ls.need * s.rel(granted)
 }
 
 // released takes an ended lease out of its project's running usage and
 // returns the GPU-seconds it used.
-func (s *Server) released(ps *projState, ls *leaseState, granted, now time.Time) float64 {
+func (s *Core) released(ps *projState, ls *leaseState, granted, now time.Time) float64 {
 	ps.held -= ls.need
 	ps.startSum -= ls.need * s.rel(granted)
 	if ps.held < 1e-9 {
@@ -38,18 +38,18 @@ func (s *Server) released(ps *projState, ls *leaseState, granted, now time.Time)
 
 // rel is t in seconds since the server started (small numbers keep the
 // sums exact).
-func (s *Server) rel(t time.Time) float64 { return t.Sub(s.started).Seconds() }
+func (s *Core) rel(t time.Time) float64 { return t.Sub(s.started).Seconds() }
 
 // learnLength folds an ended lease's length into the typical one: the mean
 // of the first leases, then a moving average of the last few dozen.
-func (s *Server) learnLength(d float64) {
+func (s *Core) learnLength(d float64) {
 	s.lengthN = min(s.lengthN+1, 32)
 	s.length += (d - s.length) / float64(s.lengthN)
 }
 
 // typicalLength is how long a lease is expected to run, in seconds: learnt
 // from ended leases; before any ended, a tenth of the fair-share window.
-func (s *Server) typicalLength() float64 {
+func (s *Core) typicalLength() float64 {
 	if s.lengthN == 0 {
 		return s.cfg.FairShareWindow.Seconds() / 10
 	}
@@ -57,7 +57,7 @@ func (s *Server) typicalLength() float64 {
 }
 
 // usage is a project's GPU-seconds as the queue weighs them.
-func (s *Server) usage(ps *projState, now time.Time) float64 {
+func (s *Core) usage(ps *projState, now time.Time) float64 {
 	s.decay(ps, now)
 	running := max(ps.held*s.rel(now)-ps.startSum, 0)
 	return ps.recent + running + ps.held*s.typicalLength()
@@ -65,12 +65,12 @@ func (s *Server) usage(ps *projState, now time.Time) float64 {
 
 // fairKey orders projects: usage per unit of weight. The project furthest
 // below its share goes first.
-func (s *Server) fairKey(ps *projState, now time.Time) float64 {
+func (s *Core) fairKey(ps *projState, now time.Time) float64 {
 	return s.usage(ps, now) / weightOf(ps)
 }
 
 // keyWith is the project's key if it were granted need more GPUs.
-func (s *Server) keyWith(ps *projState, need float64, now time.Time) float64 {
+func (s *Core) keyWith(ps *projState, need float64, now time.Time) float64 {
 	return s.fairKey(ps, now) + need*s.typicalLength()/weightOf(ps)
 }
 
@@ -82,7 +82,7 @@ func weightOf(ps *projState) float64 {
 }
 
 // decay ages the usage of ended leases.
-func (s *Server) decay(ps *projState, now time.Time) {
+func (s *Core) decay(ps *projState, now time.Time) {
 	dt := now.Sub(ps.recentAt).Seconds()
 	if dt <= 0 {
 		return

@@ -1,16 +1,15 @@
-package server
+package lease
 
 import (
 	"cmp"
 	"fmt"
-	"net/http"
 
 	"kiln.dev/kiln/api"
 )
 
 // limitsOf is a project's limits, the server's defaults where it sets
 // none; s.mu is held.
-func (s *Server) limitsOf(project string) api.Limits {
+func (s *Core) limitsOf(project string) api.Limits {
 	d := s.cfg.Limits
 	var p api.Limits
 	if ps := s.projects[project]; ps != nil {
@@ -26,15 +25,15 @@ func (s *Server) limitsOf(project string) api.Limits {
 	}
 }
 
-// raise says how an admin raises a project's limit.
-func raise(project, flag string) string {
+// Raise says how an admin raises a project's limit.
+func Raise(project, flag string) string {
 	return fmt.Sprintf("an admin raises it with 'kiln token project %s --%s N'", project, flag)
 }
 
 // queueRoom refuses a new lease when the project, or the user in it, has
 // as many queued leases as its limit (429: they leave the queue with
 // time); s.mu is held.
-func (s *Server) queueRoom(project, user string) error {
+func (s *Core) queueRoom(project, user string) error {
 	lim := s.limitsOf(project)
 	inProject, mine := 0, 0
 	for _, ls := range s.leases {
@@ -46,27 +45,27 @@ func (s *Server) queueRoom(project, user string) error {
 		}
 	}
 	if mine >= lim.MaxQueuedPerUser {
-		return errStatus(http.StatusTooManyRequests, "%s has %d queued leases in project %s, the most one member may queue (max_queued_per_user %d): wait for some to start or cancel them; %s",
-			user, mine, project, lim.MaxQueuedPerUser, raise(project, "max-queued-per-user"))
+		return Errorf(Busy, "%s has %d queued leases in project %s, the most one member may queue (max_queued_per_user %d): wait for some to start or cancel them; %s",
+			user, mine, project, lim.MaxQueuedPerUser, Raise(project, "max-queued-per-user"))
 	}
 	if inProject >= lim.MaxQueued {
-		return errStatus(http.StatusTooManyRequests, "project %s has %d queued leases, the most it may queue (max_queued %d): wait for some to start; %s",
-			project, inProject, lim.MaxQueued, raise(project, "max-queued"))
+		return Errorf(Busy, "project %s has %d queued leases, the most it may queue (max_queued %d): wait for some to start; %s",
+			project, inProject, lim.MaxQueued, Raise(project, "max-queued"))
 	}
 	return nil
 }
 
 // jobRoom refuses a job the project's limits do not allow (403: waiting
 // does not help); s.mu is held.
-func (s *Server) jobRoom(project string, spec *api.JobSpec, jobs int) error {
+func (s *Core) jobRoom(project string, spec *api.JobSpec, jobs int) error {
 	lim := s.limitsOf(project)
 	if jobs >= lim.MaxJobsPerLease {
-		return errStatus(http.StatusForbidden, "the lease ran %d jobs, the most a lease of project %s may run (max_jobs_per_lease %d): run the next in a new lease; %s",
-			jobs, project, lim.MaxJobsPerLease, raise(project, "max-jobs-per-lease"))
+		return Errorf(Forbidden, "the lease ran %d jobs, the most a lease of project %s may run (max_jobs_per_lease %d): run the next in a new lease; %s",
+			jobs, project, lim.MaxJobsPerLease, Raise(project, "max-jobs-per-lease"))
 	}
 	if n := envBytes(spec.Env); n > lim.MaxEnvBytes {
-		return errStatus(http.StatusForbidden, "job.env holds %d bytes, more than a job of project %s may have (max_env_bytes %d); %s",
-			n, project, lim.MaxEnvBytes, raise(project, "max-env-bytes"))
+		return Errorf(Forbidden, "job.env holds %d bytes, more than a job of project %s may have (max_env_bytes %d); %s",
+			n, project, lim.MaxEnvBytes, Raise(project, "max-env-bytes"))
 	}
 	return nil
 }

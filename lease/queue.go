@@ -1,165 +1,89 @@
-package server
+package lease
 
 import (
 	"fmt"
-	"kiln.dev/kiln/placement"
 	"math"
 	"sort"
 	"strings"
 	"time"
 
+	"kiln.dev/kiln/placement"
+
 	"kiln.dev/kiln/api"
-	"kiln.dev/kiln/store"
 )
 
-// batch collects the changes of one operation; flush writes them in one
-// transaction before the server answers.
-type batch struct {
-	leases map[string]*api.Lease
-	jobs   map[string]*api.Job
-	nodes  map[string]*nodeState
-	drains []drainRow
-	usage  []usageRow
-	events []api.Event
+// Changes are what one call of the core changed, to be persisted together
+// before the caller answers: leases, jobs and nodes as they are now, drain
+// states, usage and events to add; Ended lists the jobs that ended (their
+// logs are complete).
+type Changes struct {
+	At     time.Time
+	Leases map[string]*api.Lease
+	Jobs   map[string]*api.Job
+	Nodes  map[string]*Node
+	Drains []Drain
+	Usage  []Usage
+	Events []api.Event
+	Ended  []string
 }
 
-type drainRow struct {
-	node, unit string
-	st         store.DeviceState
+// Drain is a device's new drain state.
+type Drain struct {
+	Node, Device string
+	State        DeviceState
 }
 
-type usageRow struct {
-	project string
-	period  time.Time
-	seconds float64
+// Usage is GPU-seconds a project used in the quota period that started at
+// Period.
+type Usage struct {
+	Project string
+	Period  time.Time
+	Seconds float64
 }
 
-// newBatch returns an empty batch; its maps are made on first use (most
-// heartbeats change nothing).
-func newBatch() *batch { return &batch{} }
+// newChanges returns empty changes made at now; the maps are made on first
+// use (most heartbeats change nothing).
+func newChanges(now time.Time) *Changes { return &Changes{At: now} }
 
-func (b *batch) lease(l *api.Lease) {
-	if b.leases == nil {
-		b.leases = map[string]*api.Lease{}
+// NewChanges returns empty changes made at now, for the caller's own
+// events.
+func NewChanges(now time.Time) *Changes { return newChanges(now) }
+
+func (b *Changes) lease(l *api.Lease) {
+	if b.Leases == nil {
+		b.Leases = map[string]*api.Lease{}
 	}
-	b.leases[l.ID] = l
+	b.Leases[l.ID] = l
 }
 
-func (b *batch) job(j *api.Job) {
-	if b.jobs == nil {
-		b.jobs = map[string]*api.Job{}
+func (b *Changes) job(j *api.Job) {
+	if b.Jobs == nil {
+		b.Jobs = map[string]*api.Job{}
 	}
-	b.jobs[j.ID] = j
+	b.Jobs[j.ID] = j
 }
 
-func (b *batch) node(n *nodeState) {
-	if b.nodes == nil {
-		b.nodes = map[string]*nodeState{}
+func (b *Changes) node(n *Node) {
+	if b.Nodes == nil {
+		b.Nodes = map[string]*Node{}
 	}
-	b.nodes[n.rec.Node.ID] = n
-}
-func (b *batch) event(kind, subject, project, format string, args ...any) {
-	b.events = append(b.events, api.Event{At: time.Now(), Kind: kind, Subject: subject, Project: project, Message: fmt.Sprintf(format, args...)})
+	b.Nodes[n.rec.Node.ID] = n
 }
 
-func (b *batch) empty() bool {
-	return len(b.leases) == 0 && len(b.jobs) == 0 && len(b.nodes) == 0 && len(b.drains) == 0 && len(b.usage) == 0 && len(b.events) == 0
+// Event adds an event.
+func (b *Changes) Event(kind, subject, project, format string, args ...any) {
+	b.Events = append(b.Events, api.Event{At: b.At, Kind: kind, Subject: subject, Project: project, Message: fmt.Sprintf(format, args...)})
 }
 
-// flush hands the batch to the store's writer and returns its sequence
-// number. It is called with s.mu held, so the store sees the changes in the
-// order they were made; the caller answers only once durable(seq) says they
-// are written, after it let go of the lock. A store that fails stops the
-// server from changing anything more.
-func (s *Server) flush(b *batch) (uint64, error) {
-	if s.broken != nil {
-		return 0, s.broken
-	}
-	// While the store cannot write (its disk is full), the changes are
-	// queued all the same: they are in memory already, and the store gets
-	// them in order once it writes again. The caller's durable() answers
-	// the error (503) meanwhile; handlers refuse new changes (down).
-	if b.empty() {
-		// Nothing new, but the answer may show changes still being written.
-		return s.wseq, nil
-	}
-	w := &store.Writes{}
-	err := func() error {
-		for _, n := range b.nodes {
-			if err := w.PutNode(n.rec); err != nil {
-				return err
-			}
-		}
-		for _, d := range b.drains {
-			w.PutDevice(d.node, d.unit, d.st)
-		}
-		for _, l := range b.leases {
-			if err := w.PutLease(l); err != nil {
-				return err
-			}
-		}
-		for _, j := range b.jobs {
-			if err := w.PutJob(j); err != nil {
-				return err
-			}
-		}
-		for _, u := range b.usage {
-			w.AddUsage(u.project, u.period, u.seconds)
-		}
-		for _, e := range b.events {
-			w.AddEvent(e)
-		}
-		return nil
-	}()
-	var seq uint64
-	if err == nil {
-		seq, err = s.cm.enqueue(w)
-	}
-	if err != nil {
-		s.broken = fmt.Errorf("the server's changes cannot be encoded, it changes nothing more until restarted: %w", err)
-		s.log.Error("store write failed", "err", err)
-		return 0, s.broken
-	}
-	s.wseq = seq
-	s.notify()
-	return seq, nil
-}
-
-// down says why the server takes no change now: it is closed or broken,
-// or its store cannot write (that passes); nil when it takes them. s.mu is
-// held.
-func (s *Server) down() error {
-	if s.broken != nil {
-		return s.broken
-	}
-	if s.cm != nil {
-		return s.cm.failed()
-	}
-	return nil
-}
-
-// durable waits until the changes up to seq are written.
-func (s *Server) durable(seq uint64) error {
-	if seq == 0 {
-		return nil
-	}
-	return s.cm.wait(seq)
-}
-
-// flushWait is flush and durable in one, for rare calls that may wait with
-// the lock held (the writer never takes it).
-func (s *Server) flushWait(b *batch) error {
-	seq, err := s.flush(b)
-	if err != nil {
-		return err
-	}
-	return s.durable(seq)
+// Empty reports whether nothing changed.
+func (b *Changes) Empty() bool {
+	return len(b.Leases) == 0 && len(b.Jobs) == 0 && len(b.Nodes) == 0 && len(b.Drains) == 0 && len(b.Usage) == 0 && len(b.Events) == 0 && len(b.Ended) == 0
 }
 
 // views returns the placement view of every ready node. The list is kept:
 // a node that changed gets a new view in its place; the list is made again
 // only when a node joins, becomes ready or is lost.
-func (s *Server) views() []*placement.NodeView {
+func (s *Core) views() []*placement.NodeView {
 	if s.viewList != nil && len(s.nodeCache) == len(s.nodes) && s.viewPos != nil {
 		whole := false
 		for _, n := range s.redrawn {
@@ -180,7 +104,7 @@ func (s *Server) views() []*placement.NodeView {
 		}
 	}
 	out := make([]*placement.NodeView, 0, len(s.nodes))
-	s.viewPos = make(map[*nodeState]int, len(s.nodes))
+	s.viewPos = make(map[*Node]int, len(s.nodes))
 	for _, n := range s.nodeList() {
 		if n.rec.Node.State != api.NodeReady {
 			continue
@@ -197,7 +121,7 @@ func (s *Server) views() []*placement.NodeView {
 }
 
 // redraw marks a node's view out of date.
-func (s *Server) redraw(n *nodeState) {
+func (s *Core) redraw(n *Node) {
 	n.dirty = true
 	if len(s.redrawn) > 4*len(s.nodes)+64 {
 		s.viewPos, s.redrawn = nil, s.redrawn[:0] // make the list again
@@ -207,11 +131,11 @@ func (s *Server) redraw(n *nodeState) {
 }
 
 // nodeList is every node sorted by id; kept until a node joins.
-func (s *Server) nodeList() []*nodeState {
+func (s *Core) nodeList() []*Node {
 	if len(s.nodeCache) == len(s.nodes) {
 		return s.nodeCache
 	}
-	ns := make([]*nodeState, 0, len(s.nodes))
+	ns := make([]*Node, 0, len(s.nodes))
 	for _, n := range s.nodes {
 		ns = append(ns, n)
 	}
@@ -221,7 +145,7 @@ func (s *Server) nodeList() []*nodeState {
 }
 
 // buildView makes a node's view; adjust, when set, may change each device.
-func (s *Server) buildView(n *nodeState, adjust func(u *unitState, d *placement.DeviceView)) *placement.NodeView {
+func (s *Core) buildView(n *Node, adjust func(u *unitState, d *placement.DeviceView)) *placement.NodeView {
 	v := placement.NewNodeView(n.rec.Node.ID, n.rec.Snapshot, len(n.units))
 	v.Devices = v.Devices[:len(n.units)]
 	for i, u := range n.units {
@@ -243,7 +167,7 @@ func (s *Server) buildView(n *nodeState, adjust func(u *unitState, d *placement.
 	return v
 }
 
-func (s *Server) heldByLost(u *unitState) bool {
+func (s *Core) heldByLost(u *unitState) bool {
 	for id := range u.holders {
 		if ls := s.leases[id]; ls != nil && ls.l.State == api.LeaseLost {
 			return true
@@ -255,7 +179,7 @@ func (s *Server) heldByLost(u *unitState) bool {
 // viewsFor is views as lease ls may use them: devices reserved for another
 // lease are usable only by a lease that ends before the reservation
 // starts; devices claimed by a preempting lease only by that lease.
-func (s *Server) viewsFor(ls *leaseState, now time.Time) []*placement.NodeView {
+func (s *Core) viewsFor(ls *leaseState, now time.Time) []*placement.NodeView {
 	base := s.views()
 	special := s.specialNodes()
 	if len(special) == 0 {
@@ -291,7 +215,7 @@ func (s *Server) viewsFor(ls *leaseState, now time.Time) []*placement.NodeView {
 
 // specialNodes are the nodes with a device reserved for a waiting lease or
 // claimed by a preempting one; their views differ from lease to lease.
-func (s *Server) specialNodes() map[string]bool {
+func (s *Core) specialNodes() map[string]bool {
 	if len(s.reserved) == 0 && len(s.claiming) == 0 {
 		return nil
 	}
@@ -307,7 +231,7 @@ func (s *Server) specialNodes() map[string]bool {
 	return out
 }
 
-func (s *Server) timeLimit(r api.LeaseRequest) time.Duration {
+func (s *Core) timeLimit(r api.LeaseRequest) time.Duration {
 	if r.TimeLimitSeconds > 0 {
 		return min(time.Duration(r.TimeLimitSeconds)*time.Second, s.cfg.MaxTimeLimit)
 	}
@@ -319,7 +243,7 @@ func (s *Server) timeLimit(r api.LeaseRequest) time.Duration {
 // that cannot be placed holds a reservation that later leases may use only
 // if they end before it starts (backfill); a lease that outranks
 // preemptible ones may have them stopped.
-func (s *Server) schedule(now time.Time, b *batch) {
+func (s *Core) schedule(now time.Time, b *Changes) {
 	queues := map[string][]*leaseState{}
 	for _, ls := range s.leases {
 		if ls.l.State == api.LeaseQueued {
@@ -356,7 +280,7 @@ func (s *Server) schedule(now time.Time, b *batch) {
 			// through its next lease goes first: a large lease of a small
 			// share waits until that share fell somewhat behind, so no
 			// project runs ahead or falls behind by more than half a lease.
-			ps := s.project(p)
+			ps := s.project(p, now)
 			k := s.keyWith(ps, q[next[p]].need/2, now)
 			if k < best || (k == best && p < pick) {
 				best, pick = k, p
@@ -367,7 +291,7 @@ func (s *Server) schedule(now time.Time, b *batch) {
 		}
 		ls := queues[pick][next[pick]]
 		next[pick]++
-		ps := s.project(pick)
+		ps := s.project(pick, now)
 		if ps.p.GPUHours > 0 {
 			if used := s.usedHours(ps, now); used >= ps.p.GPUHours {
 				s.finishLease(ls, api.LeaseRefused, fmt.Sprintf("project %s used %.1f of its %g GPU-hours in the period that started %s", pick, used, ps.p.GPUHours, ps.period.Format(time.RFC3339)), now, b)
@@ -409,10 +333,9 @@ func (s *Server) schedule(now time.Time, b *batch) {
 	s.order = order
 }
 
-func (s *Server) project(name string) *projState {
+func (s *Core) project(name string, now time.Time) *projState {
 	ps := s.projects[name]
 	if ps == nil {
-		now := time.Now()
 		ps = &projState{p: api.Project{Name: name, Weight: 1, PeriodSeconds: 30 * 24 * 3600}, recentAt: now, period: periodStart(now, 0)}
 		s.projects[name] = ps
 	}
@@ -421,7 +344,7 @@ func (s *Server) project(name string) *projState {
 
 // usedHours is the project's GPU-hours in the current period, the running
 // leases included.
-func (s *Server) usedHours(ps *projState, now time.Time) float64 {
+func (s *Core) usedHours(ps *projState, now time.Time) float64 {
 	if p := periodStart(now, ps.p.PeriodSeconds); !p.Equal(ps.period) {
 		ps.period, ps.used = p, 0
 	}
@@ -441,18 +364,7 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// hasHead reports whether a project already has a lease holding a
-// reservation.
-func (s *Server) hasHead(project string) bool {
-	for _, id := range s.heads {
-		if ls := s.leases[id]; ls != nil && ls.l.Project == project {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *Server) dropHead(id string) {
+func (s *Core) dropHead(id string) {
 	for i, h := range s.heads {
 		if h == id {
 			s.heads = append(s.heads[:i:i], s.heads[i+1:]...)
@@ -461,10 +373,14 @@ func (s *Server) dropHead(id string) {
 	}
 }
 
+// farFuture is when a unit held by a lost lease will be free: not in any
+// plan.
+var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // freeAt is when a unit will be free if every lease on it runs to its
 // limit; the zero time when free now, and far in the future while a lost
 // lease holds it.
-func (s *Server) freeAt(u *unitState) time.Time {
+func (s *Core) freeAt(u *unitState) time.Time {
 	var t time.Time
 	for id := range u.holders {
 		ls := s.leases[id]
@@ -478,7 +394,7 @@ func (s *Server) freeAt(u *unitState) time.Time {
 		case ls.l.EndsAt != nil && ls.l.State == api.LeaseGranted:
 			end = *ls.l.EndsAt
 		default:
-			end = time.Now().Add(100 * 365 * 24 * time.Hour)
+			end = farFuture
 		}
 		if end.After(t) {
 			t = end
@@ -490,7 +406,7 @@ func (s *Server) freeAt(u *unitState) time.Time {
 // earliest finds the first time at which ls could be placed if leases end
 // at their limits, and the placement then. The views at time t free every
 // device whose leases end by t.
-func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]time.Time) (time.Time, placement.Placement, bool) {
+func (s *Core) earliest(ls *leaseState, now time.Time, busy map[*unitState]time.Time) (time.Time, placement.Placement, bool) {
 	var times []time.Time
 	seen := map[time.Time]bool{}
 	for _, n := range s.nodes {
@@ -552,7 +468,7 @@ func (s *Server) earliest(ls *leaseState, now time.Time, busy map[*unitState]tim
 // starved by a stream of small ones. (Several heads would plan around one
 // another; one keeps the GPUs busy when leases end long before their
 // limits, as they usually do.)
-func (s *Server) reserveHeads(now time.Time) {
+func (s *Core) reserveHeads(now time.Time) {
 	for _, r := range s.reserved {
 		if n := s.nodes[r.node]; n != nil {
 			if u := n.byID[r.unit]; u != nil && u.reservedFor != "" {
@@ -599,7 +515,7 @@ func (s *Server) reserveHeads(now time.Time) {
 
 // tryPreempt stops preemptible leases of lower priority when that lets ls
 // be placed, and claims their devices for it.
-func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
+func (s *Core) tryPreempt(ls *leaseState, now time.Time, b *Changes) {
 	if len(ls.claims) > 0 {
 		return
 	}
@@ -685,10 +601,10 @@ func (s *Server) tryPreempt(ls *leaseState, now time.Time, b *batch) {
 		reason := fmt.Sprintf("preempted by lease %s (priority %d over %d)", ls.l.ID, prio, v.l.Request.Priority)
 		s.stopLease(v, api.LeasePreempted, reason, s.cfg.PreemptGrace, now, b)
 	}
-	b.event("lease.preempting", ls.l.ID, ls.l.Project, "preempting %s", strings.Join(ids, ", "))
+	b.Event("lease.preempting", ls.l.ID, ls.l.Project, "preempting %s", strings.Join(ids, ", "))
 }
 
-func (s *Server) releaseClaims(ls *leaseState) {
+func (s *Core) releaseClaims(ls *leaseState) {
 	for _, c := range ls.claims {
 		if n := s.nodes[c.node]; n != nil {
 			if u := n.byID[c.unit]; u != nil && u.claimedBy == ls.l.ID {
@@ -703,7 +619,7 @@ func (s *Server) releaseClaims(ls *leaseState) {
 }
 
 // grant gives ls its placement and hands its jobs to the agents.
-func (s *Server) grant(ls *leaseState, pl placement.Placement, now time.Time, b *batch) {
+func (s *Core) grant(ls *leaseState, pl placement.Placement, now time.Time, b *Changes) {
 	s.releaseClaims(ls)
 	l := ls.l
 	for i, a := range pl.Allocations {
@@ -731,9 +647,9 @@ func (s *Server) grant(ls *leaseState, pl placement.Placement, now time.Time, b 
 		}
 		where = append(where, a.Node+":"+strings.Join(ids, ","))
 	}
-	s.heldSince(s.project(l.Project), ls, t)
+	s.heldSince(s.project(l.Project, now), ls, t)
 	b.lease(l)
-	b.event("lease.granted", l.ID, l.Project, "granted %s (isolation %s)", strings.Join(where, " "), l.Isolation)
+	b.Event("lease.granted", l.ID, l.Project, "granted %s (isolation %s)", strings.Join(where, " "), l.Isolation)
 	for _, js := range ls.jobs {
 		if js.j.State == api.JobPending {
 			s.assign(js, b)
@@ -742,7 +658,7 @@ func (s *Server) grant(ls *leaseState, pl placement.Placement, now time.Time, b 
 }
 
 // assign turns a pending job into one task per allocation.
-func (s *Server) assign(js *jobState, b *batch) {
+func (s *Core) assign(js *jobState, b *Changes) {
 	l := js.lease.l
 	js.j.State = api.JobAssigned
 	js.j.Tasks = nil
@@ -758,7 +674,7 @@ func (s *Server) assign(js *jobState, b *batch) {
 
 // stopLease ends a granted lease: at once when no job runs in it, else by
 // asking the agents to stop its jobs (SIGTERM, then SIGKILL after grace).
-func (s *Server) stopLease(ls *leaseState, final, reason string, grace time.Duration, now time.Time, b *batch) {
+func (s *Core) stopLease(ls *leaseState, final, reason string, grace time.Duration, now time.Time, b *Changes) {
 	l := ls.l
 	if l.State == api.LeaseQueued {
 		s.finishLease(ls, final, reason, now, b)
@@ -783,13 +699,13 @@ func (s *Server) stopLease(ls *leaseState, final, reason string, grace time.Dura
 	l.State, l.Reason, l.StopDeadline = api.LeaseStopping, reason, &deadline
 	ls.final = final
 	b.lease(l)
-	b.event("lease.stopping", l.ID, l.Project, "%s; jobs get %s to finish", reason, grace)
+	b.Event("lease.stopping", l.ID, l.Project, "%s; jobs get %s to finish", reason, grace)
 	for _, js := range ls.jobs {
 		s.orderStop(js, grace, reason)
 	}
 }
 
-func (s *Server) orderStop(js *jobState, grace time.Duration, reason string) {
+func (s *Core) orderStop(js *jobState, grace time.Duration, reason string) {
 	grace = max(grace, 0)
 	for _, t := range js.j.Tasks {
 		if api.JobFinal(t.State) {
@@ -804,7 +720,7 @@ func (s *Server) orderStop(js *jobState, grace time.Duration, reason string) {
 }
 
 // finishLease frees a lease's devices and gives it a final state.
-func (s *Server) finishLease(ls *leaseState, state, reason string, now time.Time, b *batch) {
+func (s *Core) finishLease(ls *leaseState, state, reason string, now time.Time, b *Changes) {
 	l := ls.l
 	s.releaseClaims(ls)
 	if l.State == api.LeaseGranted || l.State == api.LeaseStopping {
@@ -835,7 +751,7 @@ func (s *Server) finishLease(ls *leaseState, state, reason string, now time.Time
 				delete(n.tasks, js.j.ID)
 			}
 		}
-		s.logs.done(js.j.ID)
+		b.Ended = append(b.Ended, js.j.ID)
 	}
 	delete(s.leases, l.ID)
 	b.lease(l)
@@ -843,11 +759,11 @@ func (s *Server) finishLease(ls *leaseState, state, reason string, now time.Time
 	if l.Reason != "" {
 		msg += ": " + l.Reason
 	}
-	b.event("lease."+state, l.ID, l.Project, "%s", msg)
+	b.Event("lease."+state, l.ID, l.Project, "%s", msg)
 }
 
 // freeDevices frees the lease's devices on one node ("" for all).
-func (s *Server) freeDevices(ls *leaseState, node string) {
+func (s *Core) freeDevices(ls *leaseState, node string) {
 	for _, a := range ls.l.Allocations {
 		if node != "" && a.Node != node {
 			continue
@@ -866,8 +782,8 @@ func (s *Server) freeDevices(ls *leaseState, node string) {
 }
 
 // account adds a lease's GPU time to its project's usage.
-func (s *Server) account(ls *leaseState, now time.Time, b *batch) {
-	ps := s.project(ls.l.Project)
+func (s *Core) account(ls *leaseState, now time.Time, b *Changes) {
+	ps := s.project(ls.l.Project, now)
 	if ls.l.GrantedAt == nil {
 		ps.held = max(ps.held-ls.need, 0)
 		return
@@ -880,13 +796,13 @@ func (s *Server) account(ls *leaseState, now time.Time, b *batch) {
 		ps.period, ps.used = period, 0
 	}
 	ps.used += sec
-	b.usage = append(b.usage, usageRow{project: ps.p.Name, period: period, seconds: sec})
+	b.Usage = append(b.Usage, Usage{Project: ps.p.Name, Period: period, Seconds: sec})
 }
 
 // estimates walks the queue in grant order and gives each lease the first
 // time it fits, the leases ahead of it included; computed at most once a
 // second.
-func (s *Server) estimates(now time.Time) map[string]time.Time {
+func (s *Core) estimates(now time.Time) map[string]time.Time {
 	if s.est != nil && now.Sub(s.estAt) < time.Second {
 		return s.est
 	}
@@ -919,7 +835,7 @@ func (s *Server) estimates(now time.Time) map[string]time.Time {
 }
 
 // decorate fills a queued lease's position and estimated start.
-func (s *Server) decorate(l *api.Lease, now time.Time) {
+func (s *Core) decorate(l *api.Lease, now time.Time) {
 	if l.State != api.LeaseQueued {
 		l.QueuePosition, l.EstimatedStart = 0, nil
 		return

@@ -1,0 +1,204 @@
+package lease
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/snapshot"
+)
+
+// Submit is a new lease as asked by a user.
+type Submit struct {
+	Request api.LeaseRequest
+	// User asks; Projects are the user's projects (the lease goes to the
+	// only one when the request names none); Member says whether the user
+	// may use a project.
+	User     string
+	Projects []string
+	Member   func(project string) bool
+	// Allowed are the nodes that may run the lease's image (nil: any).
+	Allowed []string
+}
+
+// Submit queues a lease, grants it at once when it fits, and refuses it
+// when it never could (quotas, images, sandbox, no node large enough).
+func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
+	req, allowed := in.Request, in.Allowed
+	if req.Project == "" {
+		if len(in.Projects) != 1 {
+			return nil, nil, Errorf(Invalid, "give a project: you are in %s", listOr(in.Projects, "no project"))
+		}
+		req.Project = in.Projects[0]
+	}
+	if _, ok := s.projects[req.Project]; !ok {
+		return nil, nil, Errorf(NotFound, "project %s does not exist", req.Project)
+	}
+	if max := s.cfg.MaxTimeLimit; time.Duration(req.TimeLimitSeconds)*time.Second > max {
+		return nil, nil, Errorf(Invalid, "time_limit_s %d: this server allows at most %s (%d s)", req.TimeLimitSeconds, max, int64(max/time.Second))
+	}
+	if !in.Member(req.Project) {
+		return nil, nil, Errorf(Forbidden, "you are not a member of project %s", req.Project)
+	}
+	if err := s.queueRoom(req.Project, in.User); err != nil {
+		return nil, nil, err
+	}
+	if req.Job != nil {
+		if err := s.jobRoom(req.Project, req.Job, 0); err != nil {
+			return nil, nil, err
+		}
+	}
+	l := &api.Lease{ID: s.cfg.NewID("l-"), Project: req.Project, User: in.User, State: api.LeaseQueued, Request: req, CreatedAt: now.UTC()}
+	ls := s.newLeaseState(l)
+	l.GPUs = ls.need
+	noContainers := ""
+	if req.Job != nil && req.Job.Image != "" {
+		// An image runs only where the agent has a container executor.
+		var nodes []string
+		nodes, noContainers = s.containerNodes()
+		if allowed == nil {
+			allowed = nodes
+		} else {
+			allowed = intersect(allowed, nodes)
+		}
+	}
+	sandboxRefusal := ""
+	if len(req.Require) > 0 {
+		nodes, why := s.sandboxNodes(req.Require)
+		if len(s.nodes) == 0 {
+			why = "no node has joined yet"
+		}
+		if len(nodes) == 0 {
+			// An empty list of nodes would mean any node.
+			sandboxRefusal = fmt.Sprintf("no node gives its jobs %s, and kiln never runs them with less: %s", strings.Join(req.Require, ", "), why)
+		}
+		if allowed == nil {
+			allowed = nodes
+		} else {
+			allowed = intersect(allowed, nodes)
+		}
+	}
+	if allowed != nil {
+		ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
+		if len(req.Require) > 0 && len(ls.req.Constraints.Nodes) == 0 && sandboxRefusal == "" {
+			sandboxRefusal = fmt.Sprintf("none of the nodes asked for gives its jobs %s", strings.Join(req.Require, ", "))
+		}
+	}
+	b := newChanges(now)
+	if req.Job != nil {
+		j := &api.Job{ID: s.cfg.NewID("j-"), LeaseID: l.ID, Project: l.Project, State: api.JobPending, Spec: *req.Job, Created: now.UTC()}
+		js := &jobState{j: j, lease: ls}
+		ls.jobs = append(ls.jobs, js)
+		l.Jobs = append(l.Jobs, j.ID)
+		s.jobs[j.ID] = js
+		b.job(j)
+	}
+	s.leases[l.ID] = ls
+	b.lease(l)
+	b.Event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
+	if sandboxRefusal != "" {
+		s.finishLease(ls, api.LeaseRefused, sandboxRefusal, now, b)
+	} else if reason := s.refusal(ls, allowed, noContainers, now); reason != "" {
+		s.finishLease(ls, api.LeaseRefused, reason, now, b)
+	} else {
+		ls.checkFit = true
+		s.schedule(now, b)
+		if ls.l.State == api.LeaseQueued {
+			s.refuseIfNeverFits(ls, now, b)
+		}
+	}
+	return l, b, nil
+}
+
+// Lease is a live lease (queued, granted, stopping, or lost and holding
+// devices), with its queue position and estimate as of now; nil when the
+// core does not hold it. The value is the core's: read it under the lock.
+func (s *Core) Lease(id string, now time.Time) *api.Lease {
+	ls := s.leases[id]
+	if ls == nil {
+		return nil
+	}
+	s.decorate(ls.l, now)
+	return ls.l
+}
+
+// Leases are copies of the live leases keep selects, decorated as of now.
+func (s *Core) Leases(now time.Time, keep func(*api.Lease) bool) []api.Lease {
+	var out []api.Lease
+	for _, ls := range s.leases {
+		if !keep(ls.l) {
+			continue
+		}
+		s.decorate(ls.l, now)
+		out = append(out, *ls.l)
+	}
+	return out
+}
+
+// Cancel ends a live lease for its user: a queued one is cancelled, a
+// granted one released (its jobs get the grace); a lost one only an admin
+// clears, on its node.
+func (s *Core) Cancel(now time.Time, id, by string) (*api.Lease, *Changes, error) {
+	ls := s.leases[id]
+	if ls == nil {
+		return nil, nil, Errorf(NotFound, "lease %s not found", id)
+	}
+	l := ls.l
+	b := newChanges(now)
+	switch l.State {
+	case api.LeaseQueued:
+		s.finishLease(ls, api.LeaseCancelled, "cancelled by "+by, now, b)
+	case api.LeaseGranted:
+		s.stopLease(ls, api.LeaseDone, "released by "+by, s.cfg.PreemptGrace, now, b)
+	case api.LeaseLost:
+		return nil, nil, Errorf(Conflict, "lease %s is lost with its node; an admin clears it with 'kiln drain --clear-lost %s'", id, l.Allocations[0].Node)
+	}
+	s.schedule(now, b)
+	return l, b, nil
+}
+
+// AddJob adds a job to a live lease; it starts at once in a granted one.
+func (s *Core) AddJob(now time.Time, leaseID string, spec api.JobSpec) (*api.Job, *Changes, error) {
+	ls := s.leases[leaseID]
+	if ls == nil {
+		return nil, nil, Errorf(NotFound, "lease %s not found", leaseID)
+	}
+	l := ls.l
+	if l.State != api.LeaseQueued && l.State != api.LeaseGranted {
+		return nil, nil, Errorf(Conflict, "lease %s is %s: jobs run only in a queued or granted lease", leaseID, l.State)
+	}
+	if err := s.jobRoom(l.Project, &spec, len(ls.jobs)); err != nil {
+		return nil, nil, err
+	}
+	j := &api.Job{ID: s.cfg.NewID("j-"), LeaseID: leaseID, Project: l.Project, State: api.JobPending, Spec: spec, Created: now.UTC()}
+	js := &jobState{j: j, lease: ls}
+	ls.jobs = append(ls.jobs, js)
+	l.Jobs = append(l.Jobs, j.ID)
+	s.jobs[j.ID] = js
+	b := newChanges(now)
+	b.job(j)
+	b.lease(l)
+	if l.State == api.LeaseGranted {
+		s.assign(js, b)
+	}
+	return j, b, nil
+}
+
+// Job is a live job, nil when the core does not hold it. The value is the
+// core's: read it under the lock.
+func (s *Core) Job(id string) *api.Job {
+	if js := s.jobs[id]; js != nil {
+		return js.j
+	}
+	return nil
+}
+
+// Snapshots are the nodes' last snapshots, by node id.
+func (s *Core) Snapshots() map[string]*snapshot.Snapshot {
+	out := make(map[string]*snapshot.Snapshot, len(s.nodes))
+	for id, n := range s.nodes {
+		out[id] = n.rec.Snapshot
+	}
+	return out
+}

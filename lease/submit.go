@@ -1,0 +1,165 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"kiln.dev/kiln/placement"
+
+	"kiln.dev/kiln/api"
+)
+
+func intersect(a, b []string) []string {
+	if len(a) == 0 {
+		return append([]string{}, b...)
+	}
+	out := []string{}
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func listOr(xs []string, none string) string {
+	if len(xs) == 0 {
+		return none
+	}
+	return strings.Join(xs, ", ")
+}
+
+func sizeText(r api.LeaseRequest) string {
+	switch {
+	case r.GPUs == 1:
+		return "1 GPU"
+	case r.GPUs > 1:
+		return fmt.Sprintf("%d GPUs", r.GPUs)
+	case r.Fraction > 0:
+		return fmt.Sprintf("%g of a GPU", r.Fraction)
+	}
+	return "MIG instance " + r.MIG
+}
+
+// sandboxNodes are the nodes whose sandbox gives everything required, and
+// why the others do not (the first few).
+func (s *Core) sandboxNodes(require []string) ([]string, string) {
+	out := []string{}
+	var why []string
+	for _, n := range s.nodeList() {
+		sb := n.rec.Node.Sandbox
+		var lack []string
+		for _, q := range require {
+			if !sb.Has(q) {
+				lack = append(lack, q)
+			}
+		}
+		if len(lack) == 0 {
+			out = append(out, n.rec.Node.ID)
+		} else if len(why) < 5 {
+			detail := "it reports no sandbox"
+			if sb != nil {
+				detail = strings.Join(sb.Missing, "; ")
+			}
+			why = append(why, fmt.Sprintf("%s lacks %s (%s)", n.rec.Node.ID, strings.Join(lack, ", "), detail))
+		}
+	}
+	return out, strings.Join(why, "; ")
+}
+
+// containerNodes are the nodes that run jobs with an image, and why the
+// others do not.
+func (s *Core) containerNodes() ([]string, string) {
+	out := []string{}
+	var why []string
+	for _, n := range s.nodeList() {
+		if n.rec.Node.Containers != "" {
+			out = append(out, n.rec.Node.ID)
+		} else if len(why) < 5 {
+			r := n.rec.Node.NoContainers
+			if r == "" {
+				r = "its agent has not said it runs containers"
+			}
+			why = append(why, n.rec.Node.ID+": "+r)
+		}
+	}
+	return out, strings.Join(why, "; ")
+}
+
+// refusal says why a lease cannot be granted as asked whatever the
+// devices hold (quotas, images), or "".
+// noContainers says why nodes cannot run the lease's image, if it has one.
+func (s *Core) refusal(ls *leaseState, allowed []string, noContainers string, now time.Time) string {
+	ps := s.project(ls.l.Project, now)
+	if ps.p.MaxGPUs > 0 && ls.need > ps.p.MaxGPUs+1e-9 {
+		return fmt.Sprintf("asks for %g GPUs; project %s may hold at most %g at once", ls.need, ps.p.Name, ps.p.MaxGPUs)
+	}
+	if ps.p.GPUHours > 0 {
+		if used := s.usedHours(ps, now); used >= ps.p.GPUHours {
+			return fmt.Sprintf("project %s used %.1f of its %g GPU-hours in this period", ps.p.Name, used, ps.p.GPUHours)
+		}
+	}
+	if allowed != nil && len(ls.req.Constraints.Nodes) == 0 && ls.l.Request.Job != nil && ls.l.Request.Job.Image != "" {
+		if len(allowed) == 0 && noContainers != "" {
+			return fmt.Sprintf("image %s: no node can run containers (%s)", ls.l.Request.Job.Image, noContainers)
+		}
+		return fmt.Sprintf("image %s runs on no node it may use (kiln compat, container executors, the nodes asked for)", ls.l.Request.Job.Image)
+	}
+	return ""
+}
+
+// refuseIfNeverFits refuses a new lease that could not fit even if every
+// device were free; it asks once per lease, the first time the lease
+// cannot be placed at once, and says whether it refused.
+func (s *Core) refuseIfNeverFits(ls *leaseState, now time.Time, b *Changes) bool {
+	if !ls.checkFit {
+		return false
+	}
+	ls.checkFit = false
+	if reason := s.neverFits(ls); reason != "" {
+		s.finishLease(ls, api.LeaseRefused, reason, now, b)
+		return true
+	}
+	return false
+}
+
+// neverFits says why the lease could not fit even on an idle cluster, or "".
+func (s *Core) neverFits(ls *leaseState) string {
+	if len(s.nodes) == 0 {
+		return "" // nodes may still join: wait
+	}
+	// Could it fit if every device were free (drained ones included: they
+	// come back)?
+	if s.empty == nil || len(s.empty) != len(s.nodes) {
+		s.empty = s.empty[:0]
+		s.refusals = map[string]string{}
+		for _, n := range s.nodeList() {
+			s.empty = append(s.empty, s.buildView(n, func(u *unitState, d *placement.DeviceView) {
+				d.Usable, d.Whole, d.FreeMilli, d.FreeMemory = !u.dev.MIGMode, true, 1000, u.dev.MemoryBytes
+			}))
+		}
+	}
+	// The answer depends only on the request while the nodes stay: kept.
+	key := fmt.Sprintf("%d|%d|%d|%s|%+v", ls.req.GPUs, ls.req.MilliGPU, ls.req.MemoryBytes, ls.req.MIG, ls.req.Constraints)
+	if r, ok := s.refusals[key]; ok {
+		return r
+	}
+	reason := ""
+	if _, err := s.cfg.Placer.Place(ls.req, s.empty); err != nil {
+		reason = "no node could ever hold it: " + err.Error()
+		if nf := (*placement.NoFit)(nil); errors.As(err, &nf) && nf.Wanted != "" {
+			reason = "no node could ever hold it: " + nf.Wanted
+			if nf.Why != "" {
+				reason += ": " + nf.Why
+			}
+		}
+	}
+	if len(s.refusals) >= 1024 {
+		s.refusals = map[string]string{}
+	}
+	s.refusals[key] = reason
+	return reason
+}
