@@ -576,11 +576,7 @@ func nvsmiWarnings(s *snapshot.Snapshot, source string, lines []string) {
 		if err != nil {
 			continue
 		}
-		for i := range s.GPUs {
-			g := &s.GPUs[i]
-			if g.PCIAddress != addr {
-				continue
-			}
+		if g := s.GPUByPCI(addr); g != nil {
 			if g.InfoROM == nil {
 				g.InfoROM = &snapshot.InfoROM{}
 			}

@@ -137,7 +137,7 @@ func bandwidthFinding(in *Input, kind string, devs []string, low []snapshot.Meas
 	var gs []*snapshot.GPU
 	for i, d := range devs {
 		names[i] = d
-		if g := gpuAt(s, d); g != nil {
+		if g := s.GPUByPCI(d); g != nil {
 			names[i] = gpuName(g)
 			gs = append(gs, g)
 		}
@@ -195,15 +195,6 @@ func bandwidthFinding(in *Input, kind string, devs []string, low []snapshot.Meas
 		Reference:     "kiln bench --help (what each test measures and how it is rated)",
 	}
 	return f
-}
-
-func gpuAt(s *snapshot.Snapshot, addr string) *snapshot.GPU {
-	for i := range s.GPUs {
-		if s.GPUs[i].PCIAddress == addr && addr != "" {
-			return &s.GPUs[i]
-		}
-	}
-	return nil
 }
 
 // measurementEvidence is one figure in words.

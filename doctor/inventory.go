@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/units"
 )
 
 func init() {
@@ -111,7 +112,7 @@ func checkModels(in *Input) []Finding {
 			for _, g := range mem[m] {
 				names = append(names, gpuName(g))
 			}
-			ev = append(ev, fmt.Sprintf("%.1f GiB on %s", float64(m)/(1<<30), strings.Join(names, ", ")))
+			ev = append(ev, units.BytesRounded(m, 1)+" on "+strings.Join(names, ", "))
 		}
 		out = append(out, Finding{
 			ID:       "memory-mismatch",

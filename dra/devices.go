@@ -194,13 +194,8 @@ func (b *builder) pcieRoot(f *gpuFacts) string {
 	addr := ""
 	if n := len(f.g.Upstream); n > 0 {
 		addr = f.g.Upstream[n-1]
-	} else if f.pci != "" {
-		for _, d := range b.s.PCI {
-			if c, err := snapshot.CanonicalPCI(d.Address); err == nil && c == f.pci && d.Parent == "" {
-				addr = f.pci
-				break
-			}
-		}
+	} else if d := b.s.DeviceByPCI(f.pci); d != nil && d.Parent == "" {
+		addr = f.pci
 	}
 	c, err := snapshot.CanonicalPCI(addr)
 	if addr == "" || err != nil {
@@ -215,23 +210,14 @@ func (b *builder) pcieRoot(f *gpuFacts) string {
 // upstream port), empty when the GPU is not behind one or the tree is not
 // known.
 func (b *builder) pcieSwitch(f *gpuFacts) string {
-	kind := map[string]*snapshot.PCIDevice{}
-	for i := range b.s.PCI {
-		if c, err := snapshot.CanonicalPCI(b.s.PCI[i].Address); err == nil {
-			kind[c] = &b.s.PCI[i]
-		}
-	}
 	for _, up := range f.g.Upstream {
-		c, err := snapshot.CanonicalPCI(up)
-		if err != nil {
-			continue
-		}
-		d, ok := kind[c]
-		if !ok {
+		d := b.s.DeviceByPCI(up)
+		if d == nil {
 			continue
 		}
 		switch d.Kind {
 		case snapshot.KindSwitchUp:
+			c, _ := snapshot.CanonicalPCI(up)
 			return c
 		case snapshot.KindSwitchDown:
 			if p, err := snapshot.CanonicalPCI(d.Parent); err == nil && d.Parent != "" {

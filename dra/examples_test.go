@@ -20,6 +20,7 @@ import (
 
 	"kiln.dev/kiln/dra"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/version"
 )
 
 // nicDriver stands for a NIC driver that publishes the standard pcieRoot
@@ -278,7 +279,7 @@ func TestExampleCUDA124(t *testing.T) {
 		c := newCluster(t, node)
 		want := c.expect(func(n string) bool {
 			v := c.attr(n, dra.AttrCUDADriverVersion).VersionValue
-			return c.str(n, dra.AttrType) == dra.TypeGPU && v != nil && compareVersion(*v, "12.4.0") >= 0
+			return c.str(n, dra.AttrType) == dra.TypeGPU && v != nil && atLeast(*v, "12.4.0")
 		})
 		got := names(c.allocate(claim, false))
 		if !slices.Equal(got, want) {
@@ -288,17 +289,10 @@ func TestExampleCUDA124(t *testing.T) {
 	}
 }
 
-// compareVersion compares x.y.z versions numerically.
-func compareVersion(a, b string) int {
-	var x, y [3]int
-	fmt.Sscanf(a, "%d.%d.%d", &x[0], &x[1], &x[2])
-	fmt.Sscanf(b, "%d.%d.%d", &y[0], &y[1], &y[2])
-	for i := range x {
-		if x[i] != y[i] {
-			return x[i] - y[i]
-		}
-	}
-	return 0
+// atLeast: the driver's CUDA version is known and at least floor.
+func atLeast(have, floor string) bool {
+	ok, _ := version.AtLeast(have, floor)
+	return ok
 }
 
 func TestExampleGPUNICSameRoot(t *testing.T) {

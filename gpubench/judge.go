@@ -60,20 +60,6 @@ func newJudge(s *snapshot.Snapshot, m *topo.Matrix, k *kb.KB) *judge {
 	return j
 }
 
-// gpu returns the Snapshot's GPU at a PCI address.
-func (j *judge) gpu(addr string) *snapshot.GPU {
-	a, err := snapshot.CanonicalPCI(addr)
-	if err != nil {
-		return nil
-	}
-	for i := range j.s.GPUs {
-		if g := &j.s.GPUs[i]; g.PCIAddress == a {
-			return g
-		}
-	}
-	return nil
-}
-
 // matrixIndex returns a device's row in the matrix, -1 if absent.
 func (j *judge) matrixIndex(addr string) int {
 	if j.m == nil || addr == "" {
@@ -97,7 +83,7 @@ func (j *judge) name(m *snapshot.Measurement, i int) string {
 		if x := j.matrixIndex(m.Devices[i]); x >= 0 {
 			return j.m.Devices[x].Name
 		}
-		if g := j.gpu(m.Devices[i]); g != nil {
+		if g := j.s.GPUByPCI(m.Devices[i]); g != nil {
 			return fmt.Sprintf("GPU%d", g.Index)
 		}
 	}
@@ -109,7 +95,7 @@ func (j *judge) name(m *snapshot.Measurement, i int) string {
 
 func (j *judge) judge(m *snapshot.Measurement, ranks int, threshold float64) {
 	for i, d := range m.Devices {
-		if g := j.gpu(d); g != nil && i < len(m.GPUs) {
+		if g := j.s.GPUByPCI(d); g != nil && i < len(m.GPUs) {
 			m.GPUs[i] = g.Index
 		}
 	}
@@ -125,13 +111,13 @@ func (j *judge) judge(m *snapshot.Measurement, ranks int, threshold float64) {
 	switch m.Test {
 	case TestH2D, TestD2H:
 		m.Link = names[0] + " host link"
-		if g := j.gpu(first(m.Devices)); g != nil {
+		if g := j.s.GPUByPCI(first(m.Devices)); g != nil {
 			m.RatedGBps, m.RatedBasis = j.hostLink(g, names[0])
 		}
 		judged = m.Memory != HostPageable.String()
 	case TestDevice:
 		m.Link = names[0] + " memory"
-		if g := j.gpu(first(m.Devices)); g != nil {
+		if g := j.s.GPUByPCI(first(m.Devices)); g != nil {
 			m.RatedGBps, m.RatedBasis = j.memory(g)
 		}
 	case TestP2P, TestP2PBidi, TestP2PLatency:

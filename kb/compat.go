@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"kiln.dev/kiln/version"
 )
 
 // CUDAArch is one NVIDIA compute capability and the CUDA toolkits that can
@@ -217,11 +219,12 @@ func versionHasPrefix(v, prefix string) bool {
 	return v == prefix || strings.HasPrefix(v, prefix+".")
 }
 
-// firstField is the first numeric field of a version ("12.4" -> 12).
+// firstField is the first numeric field of a version ("12.4" -> 12), 0
+// when it does not parse.
 func firstField(v string) uint64 {
-	f := versionFields(v)
-	if len(f) == 0 {
+	p, err := version.Parse(v)
+	if err != nil {
 		return 0
 	}
-	return f[0]
+	return p.Field(0)
 }

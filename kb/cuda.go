@@ -1,61 +1,30 @@
 package kb
 
 import (
-	"strconv"
 	"strings"
+
+	"kiln.dev/kiln/version"
 )
 
-// CompareDriver compares two dotted numeric versions ("535.129.03",
-// "570.26", "12.4.1") field by field as numbers, a missing field counting as
-// 0, so "570.26" < "570.124.06" and "12.4" == "12.4.0". It returns -1, 0 or
-// +1. Surrounding space and a leading "v" or "r" ("R535") are ignored; a
-// field that does not start with digits counts as 0, so malformed input
-// compares low instead of failing.
+// CompareDriver compares two versions ("535.129.03", "570.26", "12.4.1",
+// "R535") as package version reads them: field by field as numbers, a
+// missing field counting as 0, so "570.26" < "570.124.06" and "12.4" ==
+// "12.4.0". It returns -1, 0 or +1. A version that does not parse ("",
+// "N/A", "1.x") is unknown and sorts below every version that does (two
+// unknowns are equal), so it is never at least a floor; a caller that must
+// tell unknown from old uses version.Compare.
 func CompareDriver(a, b string) int {
-	fa, fb := versionFields(a), versionFields(b)
-	for i := 0; i < len(fa) || i < len(fb); i++ {
-		var x, y uint64
-		if i < len(fa) {
-			x = fa[i]
-		}
-		if i < len(fb) {
-			y = fb[i]
-		}
-		switch {
-		case x < y:
-			return -1
-		case x > y:
-			return 1
-		}
+	va, errA := version.Parse(a)
+	vb, errB := version.Parse(b)
+	switch {
+	case errA != nil && errB != nil:
+		return 0
+	case errA != nil:
+		return -1
+	case errB != nil:
+		return 1
 	}
-	return 0
-}
-
-// versionFields splits a dotted version into its numeric fields.
-func versionFields(v string) []uint64 {
-	v = strings.TrimSpace(v)
-	v = strings.TrimLeft(v, "vVrR")
-	if v == "" {
-		return nil
-	}
-	parts := strings.Split(v, ".")
-	out := make([]uint64, len(parts))
-	for i, p := range parts {
-		n := 0
-		for n < len(p) && p[n] >= '0' && p[n] <= '9' {
-			n++
-		}
-		if n == 0 {
-			continue
-		}
-		x, err := strconv.ParseUint(p[:n], 10, 64)
-		if err != nil {
-			// Only an overflow gets here: treat it as the largest value.
-			x = ^uint64(0)
-		}
-		out[i] = x
-	}
-	return out
+	return va.Compare(vb)
 }
 
 // majorMinor cuts a version to its first two fields ("12.2.2" -> "12.2").

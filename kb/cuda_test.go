@@ -18,9 +18,16 @@ func TestCompareDriver(t *testing.T) {
 		{"12.10", "12.9", 1},
 		{"R535", "535", 0},
 		{" 550.90.07 ", "550.90.07", 0},
-		{"", "0", 0},
+		{"6.10.5-2084815.24.04", "6.10.5", 0},
+		// An unparsable version is unknown: below every version, so never
+		// at least a floor, not even "0" (it used to count as 0, and an
+		// overflowing field as the largest number).
+		{"", "0", -1},
+		{"N/A", "0", -1},
+		{"1.x", "1", -1},
 		{"abc", "1", -1},
-		{"99999999999999999999999", "1", 1},
+		{"99999999999999999999999", "1", -1},
+		{"", "N/A", 0},
 	} {
 		if got := CompareDriver(tc.a, tc.b); got != tc.want {
 			t.Errorf("CompareDriver(%q, %q) = %d, want %d", tc.a, tc.b, got, tc.want)

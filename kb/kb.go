@@ -59,8 +59,8 @@ type GPUModel struct {
 	Architecture        string  `json:"architecture,omitempty"`
 	ComputeCapability   string  `json:"compute_capability,omitempty"`
 	GFXTarget           string  `json:"gfx_target,omitempty"`
-	MemoryGB            float64 `json:"memory_gb,omitempty"`
-	MemoryBandwidthGBps float64 `json:"memory_bandwidth_gbps,omitempty"`
+	MemoryGB            float64 `json:"memory_gb,omitempty"`             // the board's, as its data sheet gives it
+	MemoryBandwidthGBps float64 `json:"memory_bandwidth_gbps,omitempty"` // the board's; a GCD's: DeviceMemoryBandwidthGBps
 	PCIeGen             int     `json:"pcie_gen,omitempty"`
 	PCIeWidth           int     `json:"pcie_width,omitempty"`
 	// Interconnect is the GPU-to-GPU link kind ("nvlink", "xgmi") and
@@ -76,7 +76,20 @@ type GPUModel struct {
 	TDPW     float64 `json:"tdp_w,omitempty"`
 	// Thermal limits where the vendor publishes them.
 	MaxTempC float64 `json:"max_temp_c,omitempty"`
-	Source   string  `json:"source"`
+	// GCDs is how many graphics compute dies the board has, each a GPU of
+	// its own to the OS (MI250, MI250X: 2); 0 means one.
+	GCDs   int    `json:"gcds,omitempty"`
+	Source string `json:"source"`
+}
+
+// DeviceMemoryBandwidthGBps is the memory bandwidth of one GPU the OS
+// sees: the board's, shared among its GCDs (an MI250 GCD has half of the
+// board's 3,276.8 GB/s). It is 0 when the catalog has no figure.
+func (m GPUModel) DeviceMemoryBandwidthGBps() float64 {
+	if m.GCDs > 1 {
+		return m.MemoryBandwidthGBps / float64(m.GCDs)
+	}
+	return m.MemoryBandwidthGBps
 }
 
 // PCIeGen is one PCIe generation's per-lane rate.

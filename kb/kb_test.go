@@ -405,3 +405,27 @@ func FuzzGPUByName(f *testing.F) {
 		}
 	})
 }
+
+// TestBoardAndGCDBandwidth: the catalog gives a board's memory bandwidth as
+// its data sheet does, and a GCD of a two-GCD board (what the OS sees as a
+// GPU) its half.
+func TestBoardAndGCDBandwidth(t *testing.T) {
+	k := Default()
+	for _, tc := range []struct {
+		name          string
+		board, device float64
+	}{
+		{"MI250", 3276.8, 1638.4},
+		{"MI250X", 3276.8, 1638.4},
+		{"MI210", 1638.4, 1638.4},
+		{"H100-SXM5-80GB", 3350, 3350},
+	} {
+		m, ok := k.GPUByName(tc.name)
+		if !ok {
+			t.Fatalf("%s: not in the catalog", tc.name)
+		}
+		if m.MemoryBandwidthGBps != tc.board || m.DeviceMemoryBandwidthGBps() != tc.device {
+			t.Errorf("%s: board %v GB/s, device %v GB/s; want %v and %v", tc.name, m.MemoryBandwidthGBps, m.DeviceMemoryBandwidthGBps(), tc.board, tc.device)
+		}
+	}
+}

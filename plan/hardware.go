@@ -14,17 +14,31 @@ import (
 	"kiln.dev/kiln/topo"
 )
 
-// GPUPerf is one row of the GPU performance table.
+// GPUPerf is a GPU's performance figures: its compute throughput from
+// plan/data/gpus.yaml, its memory and memory bandwidth from kiln's GPU
+// catalog (package kb), whose row of the same name holds them.
 type GPUPerf struct {
 	Name string `json:"name"`
 	// TFLOPS is the dense peak per precision: fp32, tf32, bf16, fp16, fp8.
-	TFLOPS              map[string]float64 `json:"tflops"`
-	MemoryGB            float64            `json:"memory_gb"`
-	MemoryBandwidthGBps float64            `json:"memory_bandwidth_gbps"`
+	TFLOPS map[string]float64 `json:"tflops"`
+	// MemoryGB and MemoryBandwidthGBps are the catalog's (kb.GPUModel).
+	MemoryGB            float64 `json:"memory_gb"`
+	MemoryBandwidthGBps float64 `json:"memory_bandwidth_gbps"`
 	// Attainable is the fraction of peak a transformer's matrix multiplies
 	// reach on this GPU.
 	Attainable float64 `json:"attainable"`
-	Source     string  `json:"source"`
+	// Source is the plan table's source: compute and attainable fraction.
+	Source string `json:"source"`
+}
+
+// perfRow is one row of plan/data/gpus.yaml: what the GPU catalog does not
+// hold. A figure the catalog holds (memory, bandwidth) has no field here, so
+// a row that gives it again fails to load.
+type perfRow struct {
+	Name       string             `json:"name"`
+	TFLOPS     map[string]float64 `json:"tflops"`
+	Attainable float64            `json:"attainable"`
+	Source     string             `json:"source"`
 }
 
 //go:embed data/gpus.yaml
@@ -36,25 +50,48 @@ var (
 	perfErr  error
 )
 
-// GPUs returns the embedded GPU performance table.
+// GPUs returns the GPU performance table: the embedded plan table joined
+// with the embedded GPU catalog (kb.Default).
 func GPUs() ([]GPUPerf, error) {
-	perfOnce.Do(func() {
-		var doc struct {
-			Rows []GPUPerf `json:"rows"`
-		}
-		if err := yaml.Unmarshal(gpusYAML, &doc); err != nil {
-			perfErr = fmt.Errorf("plan: gpus.yaml: %w", err)
-			return
-		}
-		for _, g := range doc.Rows {
-			if g.Name == "" || g.Source == "" || g.MemoryGB <= 0 || g.MemoryBandwidthGBps <= 0 || g.Attainable <= 0 || g.Attainable > 1 || g.TFLOPS["fp32"] <= 0 {
-				perfErr = fmt.Errorf("plan: gpus.yaml: row %q needs name, source, memory, bandwidth, fp32 peak and an attainable fraction in (0,1]", g.Name)
-				return
-			}
-		}
-		perfRows = doc.Rows
-	})
+	perfOnce.Do(func() { perfRows, perfErr = joinPerf(gpusYAML, kb.Default()) })
 	return perfRows, perfErr
+}
+
+// joinPerf reads a plan GPU table and takes each row's memory and memory
+// bandwidth from the catalog row of the same name.
+func joinPerf(data []byte, k *kb.KB) ([]GPUPerf, error) {
+	var doc struct {
+		Rows []perfRow `json:"rows"`
+	}
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		return nil, fmt.Errorf("plan: gpus.yaml (memory and bandwidth belong in kb/data/gpus.yaml): %w", err)
+	}
+	catalog := make(map[string]kb.GPUModel, len(k.GPUs))
+	for _, m := range k.GPUs {
+		catalog[m.Name] = m
+	}
+	out := make([]GPUPerf, 0, len(doc.Rows))
+	for _, r := range doc.Rows {
+		if r.Name == "" || r.Source == "" || r.Attainable <= 0 || r.Attainable > 1 || r.TFLOPS["fp32"] <= 0 {
+			return nil, fmt.Errorf("plan: gpus.yaml: row %q needs name, source, fp32 peak and an attainable fraction in (0,1]", r.Name)
+		}
+		m, ok := catalog[r.Name]
+		if !ok {
+			return nil, fmt.Errorf("plan: gpus.yaml: row %q has no row of that name in kb/data/gpus.yaml", r.Name)
+		}
+		if m.MemoryGB <= 0 || m.MemoryBandwidthGBps <= 0 {
+			return nil, fmt.Errorf("plan: gpus.yaml: row %q: kb/data/gpus.yaml gives no memory or memory bandwidth for it", r.Name)
+		}
+		out = append(out, GPUPerf{
+			Name:                r.Name,
+			TFLOPS:              r.TFLOPS,
+			MemoryGB:            m.MemoryGB,
+			MemoryBandwidthGBps: m.MemoryBandwidthGBps,
+			Attainable:          r.Attainable,
+			Source:              r.Source,
+		})
+	}
+	return out, nil
 }
 
 // GPUByName finds a GPU's performance row by kiln's name for it, or by any

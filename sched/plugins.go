@@ -3,8 +3,9 @@ package sched
 import (
 	"fmt"
 	"math/bits"
-	"strconv"
 	"strings"
+
+	"kiln.dev/kiln/version"
 )
 
 // ConstraintFilter applies Request.Constraints to each device.
@@ -53,7 +54,7 @@ func MatchDevice(c *Constraints, n *Node, d *Device) string {
 		return fmt.Sprintf("have no GPU with %.0f GiB of memory", float64(c.MinMemoryBytes)/(1<<30))
 	}
 	if c.MinComputeCapability != "" {
-		if cmp, ok := compareVersion(d.ComputeCapability, c.MinComputeCapability); !ok || cmp < 0 {
+		if cmp, ok := version.Compare(d.ComputeCapability, c.MinComputeCapability); !ok || cmp < 0 {
 			return "have no GPU of compute capability " + c.MinComputeCapability + " or later"
 		}
 	}
@@ -62,12 +63,12 @@ func MatchDevice(c *Constraints, n *Node, d *Device) string {
 		if strings.EqualFold(d.Vendor, "amd") {
 			driver = n.AMDGPU
 		}
-		if cmp, ok := compareVersion(driver, c.MinDriver); !ok || cmp < 0 {
+		if cmp, ok := version.Compare(driver, c.MinDriver); !ok || cmp < 0 {
 			return "run no driver " + c.MinDriver + " or later"
 		}
 	}
 	if c.MinCUDA != "" {
-		if cmp, ok := compareVersion(n.CUDA, c.MinCUDA); !ok || cmp < 0 || !strings.EqualFold(d.Vendor, "nvidia") {
+		if cmp, ok := version.Compare(n.CUDA, c.MinCUDA); !ok || cmp < 0 || !strings.EqualFold(d.Vendor, "nvidia") {
 			return "support no CUDA " + c.MinCUDA
 		}
 	}
@@ -111,48 +112,6 @@ func alnum(s string, i int) bool {
 	}
 	c := s[i]
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z'
-}
-
-// compareVersion compares dotted numeric versions ("535.54.03", "12.2",
-// "8.0"); missing parts count as 0. ok is false when either is not one.
-func compareVersion(a, b string) (int, bool) {
-	pa, oka := versionParts(a)
-	pb, okb := versionParts(b)
-	if !oka || !okb {
-		return 0, false
-	}
-	for i := 0; i < max(len(pa), len(pb)); i++ {
-		var x, y int
-		if i < len(pa) {
-			x = pa[i]
-		}
-		if i < len(pb) {
-			y = pb[i]
-		}
-		if x != y {
-			if x < y {
-				return -1, true
-			}
-			return 1, true
-		}
-	}
-	return 0, true
-}
-
-func versionParts(v string) ([]int, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return nil, false
-	}
-	var out []int
-	for _, p := range strings.Split(v, ".") {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 {
-			return nil, false
-		}
-		out = append(out, n)
-	}
-	return out, true
 }
 
 // ResourceFilter checks the node's free CPU and host memory where its

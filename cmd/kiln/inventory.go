@@ -10,6 +10,7 @@ import (
 
 	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/units"
 )
 
 func init() { addCommand(newInventoryCmd) }
@@ -135,7 +136,7 @@ func memText(b uint64) string {
 	if b == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.0f GiB", float64(b)/(1<<30))
+	return units.BytesRounded(b, 0)
 }
 
 func linkText(l *snapshot.PCIeLink) string {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/units"
 )
 
 func init() { addCommand(newLeaseCmd) }
@@ -270,12 +271,11 @@ func sizeOf(r api.LeaseRequest) string {
 	return "MIG " + r.MIG
 }
 
+// sizeText writes a GPU's memory or a share of it, as measured: GiB to one
+// decimal.
 func sizeText(b uint64) string {
-	switch {
-	case b >= 1<<30:
-		return strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64) + " GiB"
-	case b > 0:
-		return strconv.FormatUint(b>>20, 10) + " MiB"
+	if b == 0 {
+		return "memory unknown"
 	}
-	return "memory unknown"
+	return units.BytesRounded(b, 1)
 }

@@ -18,7 +18,7 @@ import (
 	"fmt"
 	"strings"
 
-	"kiln.dev/kiln/kb"
+	"kiln.dev/kiln/version"
 )
 
 // Keys a condition may test.
@@ -208,10 +208,12 @@ func (d Condition) Eval(f Facts) bool {
 	default:
 		return false
 	}
-	if strings.TrimSpace(have) == "" {
+	// A version that does not parse ("", "N/A") is unknown and meets no
+	// condition, not even a "<" or "!=".
+	c, known := version.Compare(have, d.Value)
+	if !known {
 		return false
 	}
-	c := kb.CompareDriver(have, d.Value)
 	switch d.Op {
 	case "=", "==":
 		return c == 0

@@ -79,6 +79,13 @@ func TestOperators(t *testing.T) {
 		{"brand!=geforce", Facts{Brands: []string{"tesla"}}, true},
 		{"BRAND=Tesla", Facts{Brands: []string{"tesla"}}, true},
 		{"driver>=470,driver<471", Facts{Driver: "471.0"}, false},
+		// A fact that is no version is unknown and meets no condition (it
+		// used to count as 0, so "N/A" was below 470 and not 470).
+		{"driver<470", Facts{Driver: "N/A"}, false},
+		{"driver!=470", Facts{Driver: "N/A"}, false},
+		{"cuda<12.4", Facts{CUDA: "unknown"}, false},
+		{"cuda>=12.4", Facts{CUDA: "unknown"}, false},
+		{"driver<470", Facts{Driver: " "}, false},
 	} {
 		e, err := Parse(tc.expr)
 		if err != nil {
