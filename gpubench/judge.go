@@ -283,10 +283,11 @@ func (j *judge) model(g *snapshot.GPU) (kb.GPUModel, bool) {
 // memory rates a GPU's memory from the catalog.
 func (j *judge) memory(g *snapshot.GPU) (float64, string) {
 	m, ok := j.model(g)
-	if !ok || m.MemoryBandwidthGBps <= 0 {
+	bw := m.DeviceMemoryBandwidthGBps() // one die's share on a board of several (MI250)
+	if !ok || bw <= 0 {
 		return 0, ""
 	}
-	return m.MemoryBandwidthGBps, fmt.Sprintf("%s memory bandwidth in kiln's catalog (bytes read plus written)", m.Name)
+	return bw, fmt.Sprintf("%s memory bandwidth in kiln's catalog (bytes read plus written)", m.Name)
 }
 
 // slowestPair rates a collective by the slowest pair of its GPUs, per

@@ -96,7 +96,7 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 	}
 	s.leases[l.ID] = ls
 	b.lease(l)
-	b.Event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, sizeText(req))
+	b.Event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, req.Size())
 	if sandboxRefusal != "" {
 		s.finishLease(ls, api.LeaseRefused, sandboxRefusal, now, b)
 	} else if reason := s.refusal(ls, allowed, noContainers, now); reason != "" {

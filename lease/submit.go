@@ -32,18 +32,6 @@ func listOr(xs []string, none string) string {
 	return strings.Join(xs, ", ")
 }
 
-func sizeText(r api.LeaseRequest) string {
-	switch {
-	case r.GPUs == 1:
-		return "1 GPU"
-	case r.GPUs > 1:
-		return fmt.Sprintf("%d GPUs", r.GPUs)
-	case r.Fraction > 0:
-		return fmt.Sprintf("%g of a GPU", r.Fraction)
-	}
-	return "MIG instance " + r.MIG
-}
-
 // sandboxNodes are the nodes whose sandbox gives everything required, and
 // why the others do not (the first few).
 func (s *Core) sandboxNodes(require []string) ([]string, string) {

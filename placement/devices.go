@@ -3,12 +3,11 @@ package placement
 import (
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/version"
 )
 
 // Devices turns a node's Snapshot into its allocatable units: one per
@@ -88,7 +87,7 @@ func migUUID(gpuUUID string, in snapshot.MIGInstance) string {
 // a thread percentage and a pinned memory limit; time-slicing elsewhere.
 func fractionIsolation(g snapshot.GPU) string {
 	if g.Vendor == snapshot.VendorNVIDIA {
-		if cc, ok := parseVersion(g.ComputeCapability); ok && compareVersion(cc, []int{7, 0}) >= 0 {
+		if ok, _ := version.AtLeast(g.ComputeCapability, "7.0"); ok {
 			return api.IsolationMPS
 		}
 	}
@@ -170,53 +169,4 @@ func islandsOf(s *snapshot.Snapshot) map[string]string {
 		out[a] = kind + ":" + root
 	}
 	return out
-}
-
-// parseVersion reads "12.2", "535.104.05" or "9.0" into numbers.
-func parseVersion(s string) ([]int, bool) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return nil, false
-	}
-	var out []int
-	for _, p := range strings.Split(s, ".") {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 {
-			return nil, false
-		}
-		out = append(out, n)
-	}
-	return out, true
-}
-
-func compareVersion(a, b []int) int {
-	for i := 0; i < len(a) || i < len(b); i++ {
-		var x, y int
-		if i < len(a) {
-			x = a[i]
-		}
-		if i < len(b) {
-			y = b[i]
-		}
-		if x != y {
-			if x < y {
-				return -1
-			}
-			return 1
-		}
-	}
-	return 0
-}
-
-// versionAtLeast reports whether have >= floor; unknown have is false.
-func versionAtLeast(have, floor string) bool {
-	h, ok := parseVersion(have)
-	if !ok {
-		return false
-	}
-	f, ok := parseVersion(floor)
-	if !ok {
-		return false
-	}
-	return compareVersion(h, f) >= 0
 }

@@ -10,6 +10,7 @@ import (
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/sched"
 	"kiln.dev/kiln/snapshot"
+	"kiln.dev/kiln/units"
 )
 
 // Placer chooses devices for a lease. The server keeps the queue, the
@@ -366,13 +367,11 @@ func describe(c api.Constraints) string {
 	return " (" + strings.Join(parts, ", ") + ")"
 }
 
+// bytesText is a memory size in a refusal; 0 is the share a fraction gets
+// when it names none.
 func bytesText(b uint64) string {
-	switch {
-	case b == 0:
+	if b == 0 {
 		return "a share"
-	case b >= 1<<30:
-		return strconv.FormatFloat(float64(b)/(1<<30), 'f', -1, 64) + " GiB"
-	default:
-		return strconv.FormatFloat(float64(b)/(1<<20), 'f', 0, 64) + " MiB"
 	}
+	return units.Bytes(b)
 }
