@@ -347,3 +347,30 @@ func TestQuotaEndsQueued(t *testing.T) {
 		t.Errorf("%s (%q), want refused for its GPU-hours", l.State, l.Reason)
 	}
 }
+
+// TestRefusalSaysEachReasonOnce: a reason every node shares is said once,
+// without a list of nodes; different reasons name their nodes.
+func TestRefusalSaysEachReasonOnce(t *testing.T) {
+	nodes := map[string]*snapshot.Snapshot{}
+	for _, id := range []string{"a1", "a2", "a3", "b1"} {
+		nodes[id] = smallNode(id, 1)
+	}
+	image := func(w *world) *api.Lease {
+		r := gpus(1)
+		r.Job = &api.JobSpec{Image: "registry.lab/train:1"}
+		return w.lease(w.submit("p", r))
+	}
+	w := newWorld(t, Config{}, nodes, api.Project{Name: "p"})
+	for _, id := range []string{"a1", "a2", "a3", "b1"} {
+		_, b, _ := w.c.Register(w.now, id, api.RegisterRequest{Snapshot: nodes[id], NoContainers: "no containerd socket at /run/containerd/containerd.sock"}, "")
+		w.keep(b)
+	}
+	if l := image(w); l.Reason != "image registry.lab/train:1: no node runs containers: no containerd socket at /run/containerd/containerd.sock" {
+		t.Errorf("one reason: %q", l.Reason)
+	}
+	_, b, _ := w.c.Register(w.now, "b1", api.RegisterRequest{Snapshot: nodes["b1"], NoContainers: "runc is missing"}, "")
+	w.keep(b)
+	if l := image(w); l.Reason != "image registry.lab/train:1: no node runs containers: a1, a2, a3: no containerd socket at /run/containerd/containerd.sock; b1: runc is missing" {
+		t.Errorf("two reasons: %q", l.Reason)
+	}
+}

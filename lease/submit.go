@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -33,10 +34,10 @@ func listOr(xs []string, none string) string {
 }
 
 // sandboxNodes are the nodes whose sandbox gives everything required, and
-// why the others do not (the first few).
+// why the others do not, each reason once (whyNot).
 func (s *Core) sandboxNodes(require []string) ([]string, string) {
 	out := []string{}
-	var why []string
+	why := map[string]string{}
 	for _, n := range s.nodeList() {
 		sb := n.rec.Node.Sandbox
 		var lack []string
@@ -47,34 +48,77 @@ func (s *Core) sandboxNodes(require []string) ([]string, string) {
 		}
 		if len(lack) == 0 {
 			out = append(out, n.rec.Node.ID)
-		} else if len(why) < 5 {
-			detail := "it reports no sandbox"
-			if sb != nil {
-				detail = strings.Join(sb.Missing, "; ")
-			}
-			why = append(why, fmt.Sprintf("%s lacks %s (%s)", n.rec.Node.ID, strings.Join(lack, ", "), detail))
+			continue
 		}
+		detail := "it reports no sandbox"
+		if sb != nil {
+			detail = strings.Join(sb.Missing, "; ")
+		}
+		why[n.rec.Node.ID] = fmt.Sprintf("lacks %s (%s)", strings.Join(lack, ", "), detail)
 	}
-	return out, strings.Join(why, "; ")
+	return out, whyNot(why, len(out) == 0, "every node ")
 }
 
 // containerNodes are the nodes that run jobs with an image, and why the
-// others do not.
+// others do not, each reason once (whyNot).
 func (s *Core) containerNodes() ([]string, string) {
 	out := []string{}
-	var why []string
+	why := map[string]string{}
 	for _, n := range s.nodeList() {
 		if n.rec.Node.Containers != "" {
 			out = append(out, n.rec.Node.ID)
-		} else if len(why) < 5 {
-			r := n.rec.Node.NoContainers
-			if r == "" {
-				r = "its agent has not said it runs containers"
-			}
-			why = append(why, n.rec.Node.ID+": "+r)
+			continue
+		}
+		r := n.rec.Node.NoContainers
+		if r == "" {
+			r = "its agent has not said it runs containers"
+		}
+		why[n.rec.Node.ID] = r
+	}
+	return out, whyNot(why, len(out) == 0, "")
+}
+
+// whyNot words why nodes cannot do something: a reason every node has is
+// said once, without names, when none can ("no containerd socket at
+// /run/containerd/containerd.sock"); otherwise the nodes are named before
+// their reason ("hgx-1, hgx-2: ...; mi300: ..."), the five largest groups,
+// each with at most five names. all is put before a reason said once.
+func whyNot(why map[string]string, none bool, all string) string {
+	nodes := map[string][]string{}
+	for n, r := range why {
+		nodes[r] = append(nodes[r], n)
+	}
+	if len(nodes) == 1 && none {
+		for r := range nodes {
+			return all + r
 		}
 	}
-	return out, strings.Join(why, "; ")
+	reasons := make([]string, 0, len(nodes))
+	for r, ns := range nodes {
+		sort.Strings(ns)
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		a, b := nodes[reasons[i]], nodes[reasons[j]]
+		if len(a) != len(b) {
+			return len(a) > len(b)
+		}
+		return a[0] < b[0]
+	})
+	var parts []string
+	for i, r := range reasons {
+		if i == 5 {
+			parts = append(parts, fmt.Sprintf("%d more reasons", len(reasons)-5))
+			break
+		}
+		ns := nodes[r]
+		names := strings.Join(ns[:min(len(ns), 5)], ", ")
+		if len(ns) > 5 {
+			names += fmt.Sprintf(" and %d more", len(ns)-5)
+		}
+		parts = append(parts, names+": "+r)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // refusal says why a lease cannot be granted as asked whatever the
@@ -92,7 +136,7 @@ func (s *Core) refusal(ls *leaseState, allowed []string, noContainers string, no
 	}
 	if allowed != nil && len(ls.req.Constraints.Nodes) == 0 && ls.l.Request.Job != nil && ls.l.Request.Job.Image != "" {
 		if len(allowed) == 0 && noContainers != "" {
-			return fmt.Sprintf("image %s: no node can run containers (%s)", ls.l.Request.Job.Image, noContainers)
+			return fmt.Sprintf("image %s: no node runs containers: %s", ls.l.Request.Job.Image, noContainers)
 		}
 		return fmt.Sprintf("image %s runs on no node it may use (kiln compat, container executors, the nodes asked for)", ls.l.Request.Job.Image)
 	}

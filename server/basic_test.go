@@ -99,7 +99,7 @@ func TestImageJobRefusedWithoutContainers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "image registry.lab:5000/train:1: no node can run containers (hgx: the agent runs no container executor)"
+	want := "image registry.lab:5000/train:1: no node runs containers: the agent runs no container executor"
 	if l.State != api.LeaseRefused || l.Reason != want {
 		t.Errorf("image lease %s: %q, want refused: %q", l.State, l.Reason, want)
 	}
