@@ -168,9 +168,6 @@ func New(cfg Config, now time.Time) *Core {
 		claiming: map[string]*leaseState{}}
 }
 
-// Config is the core's configuration, defaults filled.
-func (s *Core) Config() Config { return s.cfg }
-
 type projState struct {
 	p        api.Project
 	held     float64 // GPU equivalents held now

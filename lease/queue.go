@@ -45,10 +45,6 @@ type Usage struct {
 // use (most heartbeats change nothing).
 func newChanges(now time.Time) *Changes { return &Changes{At: now} }
 
-// NewChanges returns empty changes made at now, for the caller's own
-// events.
-func NewChanges(now time.Time) *Changes { return newChanges(now) }
-
 func (b *Changes) lease(l *api.Lease) {
 	if b.Leases == nil {
 		b.Leases = map[string]*api.Lease{}

@@ -1,3 +1,9 @@
+//go:build e2e
+
+// The end-to-end acceptance tests: real kiln processes or a real server
+// with real agents under load, for seconds. scripts/test.sh runs them
+// (go test -tags e2e); a plain go test leaves them out.
+
 package server_test
 
 import (
@@ -184,7 +190,7 @@ func TestKillServerAndAgent(t *testing.T) {
 	mu.Unlock()
 	phase.Store(1)
 	time.Sleep(300 * time.Millisecond)
-	srv = startProc(t, bin, serverArgs...)
+	startProc(t, bin, serverArgs...) // the restarted server; startProc stops it when the test ends
 	adminClient(t, data)
 	time.Sleep(1500 * time.Millisecond)
 	close(stop)

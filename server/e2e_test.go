@@ -1,3 +1,9 @@
+//go:build e2e
+
+// The end-to-end acceptance tests: real kiln processes or a real server
+// with real agents under load, for seconds. scripts/test.sh runs them
+// (go test -tags e2e); a plain go test leaves them out.
+
 package server_test
 
 import (
