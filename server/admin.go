@@ -38,19 +38,12 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	s.mu.Lock()
+	if !s.lockForChange(w) {
+		return
+	}
 	defer s.mu.Unlock()
-	if err := s.down(); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
 	nd, b, err := s.core.Drain(time.Now(), id, req.Devices, req.Undrain, req.ClearLost, req.Reason, c.user.Name)
-	if err != nil {
-		writeErr(w, 0, err)
-		return
-	}
-	if err := s.flushWait(b); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
+	if !s.written(w, b, err) {
 		return
 	}
 	writeJSON(w, http.StatusOK, nd)
@@ -95,12 +88,10 @@ func (s *Server) putProject(w http.ResponseWriter, r *http.Request) {
 	if p.PeriodSeconds == 0 {
 		p.PeriodSeconds = 30 * 24 * 3600
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.down(); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
+	if !s.lockForChange(w) {
 		return
 	}
+	defer s.mu.Unlock()
 	var userIDs []string
 	for _, m := range p.Members {
 		u := s.byName[m]
@@ -183,12 +174,10 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.down(); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
+	if !s.lockForChange(w) {
 		return
 	}
+	defer s.mu.Unlock()
 	name := req.User
 	if name == "" {
 		name = c.user.Name
@@ -331,12 +320,10 @@ func lastAdminErr(name, what string) error {
 func (s *Server) deleteUser(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	name := r.PathValue("name")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.down(); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
+	if !s.lockForChange(w) {
 		return
 	}
+	defer s.mu.Unlock()
 	u := s.byName[name]
 	if u == nil {
 		writeErr(w, http.StatusNotFound, fmt.Errorf("user %s not found", name))

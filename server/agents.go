@@ -34,10 +34,7 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, fmt.Errorf("csr_pem: %w", err))
 		return
 	}
-	s.answer(w, http.StatusOK, func() (any, uint64, error) {
-		if err := s.down(); err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
+	s.change(w, http.StatusOK, func() (any, uint64, error) {
 		now := time.Now()
 		if err := s.core.CheckJoin(now, req.Node, keyFP); err != nil {
 			return nil, 0, err
@@ -55,11 +52,7 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		}
 		n, b := s.core.Join(now, req.Node, fp, keyFP)
 		s.addAgent(n)
-		seq, err := s.flush(b)
-		if err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
-		return api.JoinResponse{Node: req.Node, CertPEM: string(certPEM), CAPEM: string(s.ca.pem)}, seq, nil
+		return s.commit(b, api.JoinResponse{Node: req.Node, CertPEM: string(certPEM), CAPEM: string(s.ca.pem)})
 	})
 }
 
@@ -69,19 +62,12 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	id := r.PathValue("id")
-	s.mu.Lock()
+	if !s.lockForChange(w) {
+		return
+	}
 	defer s.mu.Unlock()
-	if err := s.down(); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
 	b, err := s.core.Forget(time.Now(), id, c.user.Name)
-	if err != nil {
-		writeErr(w, 0, err)
-		return
-	}
-	if err := s.flushWait(b); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
+	if !s.written(w, b, err) {
 		return
 	}
 	if err := s.st.Update(r.Context(), func(tx *store.Tx) error { return tx.DeleteNode(id) }); err != nil {
@@ -102,12 +88,10 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 func (s *Server) replaceNode(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	id := r.PathValue("id")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.down(); err != nil {
-		writeErr(w, http.StatusServiceUnavailable, err)
+	if !s.lockForChange(w) {
 		return
 	}
+	defer s.mu.Unlock()
 	n, b, err := s.core.Replace(time.Now(), id, c.user.Name)
 	if err != nil {
 		writeErr(w, 0, err)
@@ -136,19 +120,12 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 			keyFP = fp
 		}
 	}
-	s.answer(w, http.StatusOK, func() (any, uint64, error) {
-		if err := s.down(); err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
+	s.change(w, http.StatusOK, func() (any, uint64, error) {
 		nd, b, err := s.core.Register(time.Now(), node, req, keyFP)
 		if err != nil {
 			return nil, 0, err
 		}
-		seq, err := s.flush(b)
-		if err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
-		return nd, seq, nil
+		return s.commit(b, nd)
 	})
 }
 
@@ -175,10 +152,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = 0
 	}
-	s.mu.Lock()
-	if err := s.down(); err != nil {
-		s.mu.Unlock()
-		writeErr(w, http.StatusServiceUnavailable, err)
+	if !s.lockForChange(w) {
 		return
 	}
 	reply, register, b := s.core.Heartbeat(time.Now(), node, hb.Running)
@@ -217,15 +191,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 // waitWake waits up to d for something for the node; false when the
 // caller went away.
 func waitWake(r *http.Request, n *lease.Node, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-n.Wake():
-	case <-t.C:
-	case <-r.Context().Done():
-		return false
-	}
-	return true
+	return waitFor(r.Context(), n.Wake(), d)
 }
 
 func (s *Server) jobExit(w http.ResponseWriter, r *http.Request) {
@@ -234,19 +200,12 @@ func (s *Server) jobExit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	s.answer(w, http.StatusOK, func() (any, uint64, error) {
-		if err := s.down(); err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
+	s.change(w, http.StatusOK, func() (any, uint64, error) {
 		recorded, b := s.core.JobExit(time.Now(), node, id, e)
 		if !recorded {
 			return map[string]string{"status": "ignored"}, s.wseq, nil
 		}
-		seq, err := s.flush(b)
-		if err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
-		return map[string]string{"status": "recorded"}, seq, nil
+		return s.commit(b, map[string]string{"status": "recorded"})
 	})
 }
 

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"context"
 	"fmt"
+	"net/http"
+	"time"
 
 	"kiln.dev/kiln/lease"
 	"kiln.dev/kiln/store"
@@ -98,4 +101,66 @@ func (s *Server) flushWait(b *lease.Changes) error {
 		return err
 	}
 	return s.durable(seq)
+}
+
+// lockForChange takes s.mu for a call that changes state, or answers 503
+// (and leaves it) while the server takes no change.
+func (s *Server) lockForChange(w http.ResponseWriter) bool {
+	s.mu.Lock()
+	if err := s.down(); err != nil {
+		s.mu.Unlock()
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return false
+	}
+	return true
+}
+
+// change is answer for a call that changes state: refused (503) while the
+// server takes no change.
+func (s *Server) change(w http.ResponseWriter, status int, fn func() (any, uint64, error)) {
+	s.answer(w, status, func() (any, uint64, error) {
+		if err := s.down(); err != nil {
+			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+		}
+		return fn()
+	})
+}
+
+// commit hands changes to the store and answers v once they are durable
+// (a 503 when the store cannot take them); s.mu is held.
+func (s *Server) commit(b *lease.Changes, v any) (any, uint64, error) {
+	seq, err := s.flush(b)
+	if err != nil {
+		return nil, 0, withStatus(http.StatusServiceUnavailable, err)
+	}
+	return v, seq, nil
+}
+
+// written answers a core call's refusal, or writes its changes and waits
+// until they are durable (a 503 when they cannot be); true when the caller
+// may answer. s.mu is held.
+func (s *Server) written(w http.ResponseWriter, b *lease.Changes, err error) bool {
+	if err != nil {
+		writeErr(w, 0, err)
+		return false
+	}
+	if err := s.flushWait(b); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return false
+	}
+	return true
+}
+
+// waitFor waits until ch is signalled or d passed; false when ctx ended
+// first (the caller went away).
+func waitFor(ctx context.Context, ch <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }

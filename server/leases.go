@@ -28,10 +28,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.answer(w, http.StatusCreated, func() (any, uint64, error) {
-		if err := s.down(); err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
+	s.change(w, http.StatusCreated, func() (any, uint64, error) {
 		now := time.Now()
 		l, b, err := s.core.Submit(now, lease.Submit{Request: req, User: c.user.Name, Projects: c.user.Projects, Member: c.canSee, Allowed: allowed})
 		if err != nil {
@@ -121,15 +118,9 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
 			writeRaw(w, http.StatusOK, b)
 			return
 		}
-		t := time.NewTimer(min(left, time.Second))
-		select {
-		case <-ch:
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
+		if !waitFor(r.Context(), ch, min(left, time.Second)) {
 			return
 		}
-		t.Stop()
 	}
 }
 
@@ -199,10 +190,7 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) {
 func (s *Server) cancelLease(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	id := r.PathValue("id")
-	s.answer(w, http.StatusOK, func() (any, uint64, error) {
-		if err := s.down(); err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
+	s.change(w, http.StatusOK, func() (any, uint64, error) {
 		l, live, err := s.leaseByID(r, id)
 		if err != nil {
 			return nil, 0, err
@@ -221,11 +209,7 @@ func (s *Server) cancelLease(w http.ResponseWriter, r *http.Request) {
 			// An admin cancelling a lost lease: nothing changes.
 			return s.core.Lease(id, time.Now()), s.wseq, nil
 		}
-		seq, err := s.flush(b)
-		if err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
-		return l, seq, nil
+		return s.commit(b, l)
 	})
 }
 
@@ -245,10 +229,7 @@ func (s *Server) addJob(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, 0, badRequest(err))
 		return
 	}
-	s.answer(w, http.StatusCreated, func() (any, uint64, error) {
-		if err := s.down(); err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
+	s.change(w, http.StatusCreated, func() (any, uint64, error) {
 		l, live, err := s.leaseByID(r, id)
 		if err != nil {
 			return nil, 0, err
@@ -260,11 +241,7 @@ func (s *Server) addJob(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return nil, 0, err
 		}
-		seq, err := s.flush(b)
-		if err != nil {
-			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
-		}
-		return j, seq, nil
+		return s.commit(b, j)
 	})
 }
 
@@ -344,14 +321,8 @@ func (s *Server) jobLogs(w http.ResponseWriter, r *http.Request) {
 			off += n
 			return
 		}
-		t := time.NewTimer(2 * time.Second)
-		select {
-		case <-ch:
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
+		if !waitFor(r.Context(), ch, 2*time.Second) {
 			return
 		}
-		t.Stop()
 	}
 }
