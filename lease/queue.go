@@ -140,6 +140,18 @@ func (s *Core) nodeList() []*Node {
 	return ns
 }
 
+// readyViews are the views of the ready nodes made with adjust (see
+// buildView), as a hypothetical for one lease.
+func (s *Core) readyViews(adjust func(u *unitState, d *placement.DeviceView)) []*placement.NodeView {
+	var views []*placement.NodeView
+	for _, n := range s.nodeList() {
+		if n.rec.Node.State == api.NodeReady {
+			views = append(views, s.buildView(n, adjust))
+		}
+	}
+	return views
+}
+
 // buildView makes a node's view; adjust, when set, may change each device.
 func (s *Core) buildView(n *Node, adjust func(u *unitState, d *placement.DeviceView)) *placement.NodeView {
 	v := placement.NewNodeView(n.rec.Node.ID, n.rec.Snapshot, len(n.units))
@@ -430,26 +442,20 @@ func (s *Core) earliest(ls *leaseState, now time.Time, busy map[*unitState]time.
 		times = append(sampled, times[len(times)-1])
 	}
 	for _, t := range times {
-		var views []*placement.NodeView
-		for _, n := range s.nodeList() {
-			if n.rec.Node.State != api.NodeReady {
-				continue
+		views := s.readyViews(func(u *unitState, d *placement.DeviceView) {
+			if u.claimedBy != "" && u.claimedBy != ls.l.ID {
+				d.Usable = false
 			}
-			views = append(views, s.buildView(n, func(u *unitState, d *placement.DeviceView) {
-				if u.claimedBy != "" && u.claimedBy != ls.l.ID {
-					d.Usable = false
-				}
-				f := s.freeAt(u)
-				if b, ok := busy[u]; ok && b.After(f) {
-					f = b
-				}
-				if !f.After(t) {
-					d.Whole, d.FreeMilli, d.FreeMemory = true, 1000, u.dev.MemoryBytes
-				} else if _, ok := busy[u]; ok {
-					d.Usable = false
-				}
-			}))
-		}
+			f := s.freeAt(u)
+			if b, ok := busy[u]; ok && b.After(f) {
+				f = b
+			}
+			if !f.After(t) {
+				d.Whole, d.FreeMilli, d.FreeMemory = true, 1000, u.dev.MemoryBytes
+			} else if _, ok := busy[u]; ok {
+				d.Usable = false
+			}
+		})
 		if pl, err := s.cfg.Placer.Place(ls.req, views); err == nil {
 			return t, pl, true
 		}
@@ -526,36 +532,30 @@ func (s *Core) tryPreempt(ls *leaseState, now time.Time, b *Changes) {
 		return
 	}
 	ends := now.Add(s.timeLimit(ls.l.Request))
-	var views []*placement.NodeView
-	for _, n := range s.nodeList() {
-		if n.rec.Node.State != api.NodeReady {
-			continue
+	views := s.readyViews(func(u *unitState, d *placement.DeviceView) {
+		if u.claimedBy != "" && u.claimedBy != ls.l.ID {
+			d.Usable = false
+			return
 		}
-		views = append(views, s.buildView(n, func(u *unitState, d *placement.DeviceView) {
-			if u.claimedBy != "" && u.claimedBy != ls.l.ID {
-				d.Usable = false
-				return
+		if u.reservedFor != "" && u.reservedFor != ls.l.ID && ends.After(u.reservedTil) {
+			d.Usable = false
+			return
+		}
+		milli, mem, others := 0, uint64(0), 0
+		for id, m := range u.holders {
+			if victims[id] {
+				milli += m
+				mem += u.mem[id]
+			} else {
+				others++
 			}
-			if u.reservedFor != "" && u.reservedFor != ls.l.ID && ends.After(u.reservedTil) {
-				d.Usable = false
-				return
-			}
-			milli, mem, others := 0, uint64(0), 0
-			for id, m := range u.holders {
-				if victims[id] {
-					milli += m
-					mem += u.mem[id]
-				} else {
-					others++
-				}
-			}
-			if milli > 0 {
-				d.FreeMilli = min(d.FreeMilli+milli, 1000)
-				d.FreeMemory += mem
-				d.Whole = others == 0
-			}
-		}))
-	}
+		}
+		if milli > 0 {
+			d.FreeMilli = min(d.FreeMilli+milli, 1000)
+			d.FreeMemory += mem
+			d.Whole = others == 0
+		}
+	})
 	pl, err := s.cfg.Placer.Place(ls.req, views)
 	if err != nil {
 		return

@@ -46,22 +46,11 @@ func Devices(s *snapshot.Snapshot, k *kb.KB) []api.Device {
 			d.Isolation = api.IsolationMIG
 			out = append(out, d)
 			for _, in := range g.MIG.Instances {
-				out = append(out, api.Device{
-					ID:                fmt.Sprintf("%s/mig%d.%d", d.ID, in.GPUInstance, in.ComputeInstance),
-					Vendor:            g.Vendor,
-					Index:             g.Index,
-					Model:             g.Model,
-					Architecture:      g.Architecture,
-					ComputeCapability: g.ComputeCapability,
-					PCIAddress:        g.PCIAddress,
-					UUID:              migUUID(g.UUID, in),
-					MemoryBytes:       in.MemoryBytes,
-					NUMANode:          g.NUMANode,
-					Island:            d.Island,
-					MIGProfile:        in.Profile,
-					Parent:            d.ID,
-					Isolation:         api.IsolationMIG,
-				})
+				m := d // the instance shares its GPU's identity
+				m.ID = fmt.Sprintf("%s/mig%d.%d", d.ID, in.GPUInstance, in.ComputeInstance)
+				m.UUID, m.MemoryBytes, m.MIGProfile, m.Parent = migUUID(g.UUID, in), in.MemoryBytes, in.Profile, d.ID
+				m.MIGMode, m.Isolation = false, api.IsolationMIG
+				out = append(out, m)
 			}
 			continue
 		}
