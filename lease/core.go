@@ -141,6 +141,7 @@ type Core struct {
 	viewPos  map[*Node]int
 	redrawn  []*Node
 	leases   map[string]*leaseState // live leases and lost ones still holding devices
+	queued   map[string]*leaseState // the queued ones among them
 	holding  map[string]*leaseState // lost leases still holding devices
 	empty    []*placement.NodeView  // every node as if idle, for refusals
 	refusals map[string]string      // the refusal of each request shape while empty stays
@@ -164,7 +165,7 @@ func New(cfg Config, now time.Time) *Core {
 	cfg.Defaults()
 	return &Core{cfg: cfg, started: now,
 		projects: map[string]*projState{}, nodes: map[string]*Node{},
-		leases: map[string]*leaseState{}, holding: map[string]*leaseState{}, jobs: map[string]*jobState{},
+		leases: map[string]*leaseState{}, queued: map[string]*leaseState{}, holding: map[string]*leaseState{}, jobs: map[string]*jobState{},
 		claiming: map[string]*leaseState{}}
 }
 
@@ -276,6 +277,9 @@ func (s *Core) Load(now time.Time, src Source) error {
 		}
 		ls := s.newLeaseState(l)
 		s.leases[l.ID] = ls
+		if l.State == api.LeaseQueued {
+			s.queued[l.ID] = ls
+		}
 		for _, a := range l.Allocations {
 			if l.State == api.LeaseQueued {
 				break

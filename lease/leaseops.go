@@ -95,6 +95,7 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 		b.job(j)
 	}
 	s.leases[l.ID] = ls
+	s.queued[l.ID] = ls
 	b.lease(l)
 	b.Event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, req.Size())
 	if sandboxRefusal != "" {

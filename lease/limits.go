@@ -36,8 +36,8 @@ func Raise(project, flag string) string {
 func (s *Core) queueRoom(project, user string) error {
 	lim := s.limitsOf(project)
 	inProject, mine := 0, 0
-	for _, ls := range s.leases {
-		if ls.l.State == api.LeaseQueued && ls.l.Project == project {
+	for _, ls := range s.queued {
+		if ls.l.Project == project {
 			inProject++
 			if ls.l.User == user {
 				mine++

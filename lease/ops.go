@@ -76,10 +76,8 @@ func (s *Core) Drain(now time.Time, id string, devices []string, undrain, clearL
 // are not the core's: the caller adds them).
 func (s *Core) Projects(now time.Time, visible func(project string) bool) []api.Project {
 	queued := map[string]int{}
-	for _, ls := range s.leases {
-		if ls.l.State == api.LeaseQueued {
-			queued[ls.l.Project]++
-		}
+	for _, ls := range s.queued {
+		queued[ls.l.Project]++
 	}
 	var names []string
 	for name := range s.projects {

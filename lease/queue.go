@@ -253,10 +253,8 @@ func (s *Core) timeLimit(r api.LeaseRequest) time.Duration {
 // preemptible ones may have them stopped.
 func (s *Core) schedule(now time.Time, b *Changes) {
 	queues := map[string][]*leaseState{}
-	for _, ls := range s.leases {
-		if ls.l.State == api.LeaseQueued {
-			queues[ls.l.Project] = append(queues[ls.l.Project], ls)
-		}
+	for _, ls := range s.queued {
+		queues[ls.l.Project] = append(queues[ls.l.Project], ls)
 	}
 	if len(queues) == 0 {
 		s.order = nil
@@ -629,6 +627,7 @@ func (s *Core) grant(ls *leaseState, pl placement.Placement, now time.Time, b *C
 	ends := now.Add(s.timeLimit(l.Request))
 	t := now
 	l.State, l.GrantedAt, l.EndsAt, l.Allocations = api.LeaseGranted, &t, &ends, pl.Allocations
+	delete(s.queued, l.ID)
 	l.Reason, l.QueuePosition, l.EstimatedStart = "", 0, nil
 	l.Isolation = api.IsolationExclusive
 	rank := map[string]int{api.IsolationExclusive: 0, api.IsolationMIG: 1, api.IsolationMPS: 2, api.IsolationTimeSlicing: 3}
@@ -725,6 +724,7 @@ func (s *Core) finishLease(ls *leaseState, state, reason string, now time.Time, 
 	}
 	t := now
 	l.State, l.EndedAt = state, &t
+	delete(s.queued, l.ID)
 	if reason != "" {
 		l.Reason = reason
 	}

@@ -71,6 +71,31 @@ func (w *world) keep(b *Changes) {
 		w.kept[id] = &c
 	}
 	w.events = append(w.events, b.Events...)
+	w.check()
+}
+
+// check holds the core's invariants after every call: the queued set is
+// exactly the live leases in state queued, and no device holds more than
+// all of itself.
+func (w *world) check() {
+	w.t.Helper()
+	for id, ls := range w.c.leases {
+		if (ls.l.State == api.LeaseQueued) != (w.c.queued[id] != nil) {
+			w.t.Fatalf("lease %s is %s but queued set says %v", id, ls.l.State, w.c.queued[id] != nil)
+		}
+	}
+	for id := range w.c.queued {
+		if w.c.leases[id] == nil {
+			w.t.Fatalf("lease %s is queued but not live", id)
+		}
+	}
+	for _, n := range w.c.nodes {
+		for _, u := range n.units {
+			if u.usedMilli > 1000 || u.usedMilli < 0 {
+				w.t.Fatalf("%s/%s holds %d‰", n.ID(), u.dev.ID, u.usedMilli)
+			}
+		}
+	}
 }
 
 // submit asks for a lease as user u of project p.
