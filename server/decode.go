@@ -338,6 +338,9 @@ func parseProject(b []byte) (api.Project, error) {
 	if !validName(p.Name) {
 		return p, fmt.Errorf("name %q: want lowercase letters, digits, '.', '_' or '-'", trunc(p.Name))
 	}
+	// What the server counts is not the caller's to set: read-only in the
+	// API, answered by GET.
+	p.HeldGPUs, p.UsedHours, p.QueuedLease = 0, 0, 0
 	for _, f := range []struct {
 		name     string
 		v, limit float64

@@ -62,7 +62,7 @@ func FuzzParseAgentMessages(f *testing.F) {
 		`{"token":"kjoin_ab_cd","node":"hgx-1","csr_pem":"x"}`, `{"node":"Bad Name"}`,
 		`{"snapshot":{"schema_version":1,"gpus":[{"index":0,"vendor":"nvidia","mig":{"enabled":true,"instances":[{"gi":1,"ci":0}]}}]}}`,
 		string(snap), `{"devices":["gpu0"],"reason":"fan","undrain":false}`,
-		`{"name":"vision","weight":3,"max_gpus":8}`, `{"user":"ana","role":"member","projects":["vision"]}`,
+		`{"name":"vision","weight":3,"max_gpus":8}`, `{"name":"vision","held_gpus":8,"used_gpu_hours":1,"queued_leases":3}`, `{"user":"ana","role":"member","projects":["vision"]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -86,7 +86,7 @@ func FuzzParseAgentMessages(f *testing.F) {
 				}
 			}
 		}
-		if p, err := parseProject(b); err == nil && (!nameRE.MatchString(p.Name) || p.Weight < 0 || p.MaxGPUs < 0) {
+		if p, err := parseProject(b); err == nil && (!nameRE.MatchString(p.Name) || p.Weight < 0 || p.MaxGPUs < 0 || p.HeldGPUs != 0 || p.UsedHours != 0 || p.QueuedLease != 0) {
 			t.Fatalf("project %+v accepted", p)
 		}
 		if r, err := parseTokenRequest(b); err == nil && r.Role != "" && r.Role != api.RoleAdmin && r.Role != api.RoleMember {
