@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 )
 
 func (k *KB) validate() error {
@@ -98,15 +99,50 @@ func (k *KB) GPUByDeviceID(vendor, deviceID string) (GPUModel, bool) {
 // "A100-SXM4-80GB" is not taken for "A100-SXM4-40GB".
 func (k *KB) GPUByName(name string) (GPUModel, bool) {
 	n := strings.ToLower(name)
-	best, bestLen := GPUModel{}, 0
-	for _, g := range k.GPUs {
-		for _, m := range append([]string{g.Name}, g.Match...) {
-			if len(m) > bestLen && containsWord(n, strings.ToLower(m)) {
-				best, bestLen = g, len(m)
-			}
+	best, bestLen := -1, 0
+	for _, p := range k.namePatterns() {
+		if len(p.pat) > bestLen && containsWord(n, p.pat) {
+			best, bestLen = p.gpu, len(p.pat)
 		}
 	}
-	return best, bestLen > 0
+	if best < 0 {
+		return GPUModel{}, false
+	}
+	return k.GPUs[best], true
+}
+
+// namePattern is a name or match pattern of the catalog, lowercased, and
+// its row.
+type namePattern struct {
+	pat string
+	gpu int
+}
+
+// patterns holds each catalog's name patterns, made once per catalog
+// (kiln reads the names of every GPU of every node it sees).
+var patterns sync.Map // patternKey -> []namePattern
+
+type patternKey struct {
+	first *GPUModel
+	n     int
+}
+
+func (k *KB) namePatterns() []namePattern {
+	if len(k.GPUs) == 0 {
+		return nil
+	}
+	key := patternKey{&k.GPUs[0], len(k.GPUs)}
+	if v, ok := patterns.Load(key); ok {
+		return v.([]namePattern)
+	}
+	var ps []namePattern
+	for i, g := range k.GPUs {
+		for _, m := range append([]string{g.Name}, g.Match...) {
+			ps = append(ps, namePattern{strings.ToLower(m), i})
+		}
+	}
+	patterns.Store(key, ps)
+	return ps
 }
 
 // containsWord reports whether pat occurs in s with no letter or digit
