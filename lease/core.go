@@ -50,7 +50,23 @@ type Config struct {
 	Logger *slog.Logger
 	// NewID names new leases and jobs ("l-", "j-" prefixes).
 	NewID func(prefix string) string
+	// Runner is where leases run; nil: nobody is told (the nodes ask).
+	Runner Runner
 }
+
+// Runner is where leases run. The core decides what each node is to do
+// (Orders: tasks to start, stop orders) and tells the runner which node
+// has something new; the runner carries it there. kiln's agents pull
+// their orders with their heartbeats (the server's runner wakes a
+// heartbeat that waits); a Kubernetes runner would make and delete pods.
+// Wake is called with the caller's lock held and must not block.
+type Runner interface {
+	Wake(node string)
+}
+
+type noRunner struct{}
+
+func (noRunner) Wake(string) {}
 
 // Defaults fills the zero values of c.
 func (c *Config) Defaults() {
@@ -84,6 +100,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Placer == nil {
 		c.Placer = &placement.SchedPlacer{KB: c.KB, Logger: c.Logger}
+	}
+	if c.Runner == nil {
+		c.Runner = noRunner{}
 	}
 	if c.NewID == nil {
 		n := 0
@@ -202,7 +221,6 @@ type Node struct {
 	// needs no lock. poke clears it.
 	seen  atomic.Int64
 	idle  atomic.Bool
-	wake  chan struct{}
 	stops map[string]api.StopOrder // job id -> order, resent until the task ends
 	tasks map[string]*jobState     // live jobs with a task here
 	view  *placement.NodeView
@@ -355,7 +373,7 @@ func periodStart(now time.Time, seconds int) time.Time {
 }
 
 func (s *Core) newNode(r NodeRecord, drains map[string]DeviceState) *Node {
-	n := &Node{rec: r, byID: map[string]*unitState{}, wake: make(chan struct{}, 1), stops: map[string]api.StopOrder{}, tasks: map[string]*jobState{}, dirty: true}
+	n := &Node{rec: r, byID: map[string]*unitState{}, stops: map[string]api.StopOrder{}, tasks: map[string]*jobState{}, dirty: true}
 	devs := placement.Devices(r.Snapshot, s.cfg.KB)
 	for _, d := range devs {
 		if st, ok := drains[d.ID]; ok && st.Drained {
@@ -426,13 +444,10 @@ func (n *Node) Touch(t time.Time) { n.seen.Store(t.UnixNano()) }
 // lastSeen is when the node's agent last called.
 func (n *Node) LastSeen() time.Time { return time.Unix(0, n.seen.Load()) }
 
-// poke wakes the node's heartbeat: the server has something for it.
-func (n *Node) poke() {
+// poke tells the runner the node has something new to do.
+func (s *Core) poke(n *Node) {
 	n.idle.Store(false)
-	select {
-	case n.wake <- struct{}{}:
-	default:
-	}
+	s.cfg.Runner.Wake(n.rec.Node.ID)
 }
 
 // Record is what is kept of the node.
@@ -444,9 +459,6 @@ func (n *Node) ID() string { return n.rec.Node.ID }
 // Idle reports whether the core has nothing for the node: no task, no
 // stop order, no lost lease holding its devices. Safe without the lock.
 func (n *Node) Idle() bool { return n.idle.Load() }
-
-// Wake is signalled when the core has something new for the node.
-func (n *Node) Wake() <-chan struct{} { return n.wake }
 
 // NodeList is every node, in id order; callers must not change it.
 func (s *Core) NodeList() []*Node { return s.nodeList() }

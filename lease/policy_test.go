@@ -374,3 +374,30 @@ func TestRefusalSaysEachReasonOnce(t *testing.T) {
 		t.Errorf("two reasons: %q", l.Reason)
 	}
 }
+
+type wakes map[string]int
+
+func (w wakes) Wake(node string) { w[node]++ }
+
+// TestRunnerWoken: the runner is told when a node has something new to do
+// (a task to start, a stop order), and only then.
+func TestRunnerWoken(t *testing.T) {
+	got := wakes{}
+	w := newWorld(t, Config{Runner: got}, map[string]*snapshot.Snapshot{"n1": smallNode("n1", 1), "n2": smallNode("n2", 1)}, api.Project{Name: "p"})
+	w.submit("p", gpus(1)) // no job: nothing to run
+	if len(got) != 0 {
+		t.Fatalf("woken for a lease without a job: %v", got)
+	}
+	r := gpus(1)
+	r.Job = &api.JobSpec{Command: []string{"train"}}
+	id := w.submit("p", r)
+	node := w.lease(id).Allocations[0].Node
+	if got[node] != 1 || len(got) != 1 {
+		t.Fatalf("after a job was assigned to %s: %v", node, got)
+	}
+	w.advance(10 * time.Second)
+	w.cancel(id)
+	if got[node] != 2 {
+		t.Errorf("after the lease was released: %v, want a second wake of %s for the stop order", got, node)
+	}
+}

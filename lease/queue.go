@@ -661,7 +661,7 @@ func (s *Core) assign(js *jobState, b *Changes) {
 		js.j.Tasks = append(js.j.Tasks, api.Task{Node: a.Node, Rank: i, State: api.JobAssigned})
 		if n := s.nodes[a.Node]; n != nil {
 			n.tasks[js.j.ID] = js
-			n.poke()
+			s.poke(n)
 		}
 	}
 	b.job(js.j)
@@ -709,7 +709,7 @@ func (s *Core) orderStop(js *jobState, grace time.Duration, reason string) {
 		if n := s.nodes[t.Node]; n != nil {
 			n.stops[js.j.ID] = api.StopOrder{JobID: js.j.ID, GraceMS: int(grace / time.Millisecond), Reason: reason,
 				Notice: fmt.Sprintf("kiln: %s; this job is stopped in %s (SIGTERM now, SIGKILL then)", reason, grace)}
-			n.poke()
+			s.poke(n)
 		}
 	}
 }

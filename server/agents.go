@@ -143,7 +143,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		// The agent runs nothing and the server has nothing for it: no
 		// lock, no store, until something comes up for the node.
 		a.node.Touch(time.Now())
-		if wait > 0 && !waitWake(r, a.node, wait) {
+		if wait > 0 && !waitFor(r.Context(), a.wake, wait) {
 			return
 		}
 		if a.node.Idle() {
@@ -167,14 +167,18 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	n := s.core.Node(node)
 	s.mu.Unlock()
-	if len(reply.Start) == 0 && len(reply.Stop) == 0 && wait > 0 {
-		if !waitWake(r, n, wait) {
+	if a == nil { // joined since: authentication knows it now
+		s.amu.RLock()
+		a = s.agents[node]
+		s.amu.RUnlock()
+	}
+	if len(reply.Start) == 0 && len(reply.Stop) == 0 && wait > 0 && a != nil {
+		if !waitFor(r.Context(), a.wake, wait) {
 			return
 		}
 		s.mu.Lock()
-		n.Touch(time.Now())
+		a.node.Touch(time.Now())
 		reply = s.core.Orders(node, hb.Running)
 		seq = s.wseq
 		s.mu.Unlock()
@@ -186,12 +190,6 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, reply)
-}
-
-// waitWake waits up to d for something for the node; false when the
-// caller went away.
-func waitWake(r *http.Request, n *lease.Node, d time.Duration) bool {
-	return waitFor(r.Context(), n.Wake(), d)
 }
 
 func (s *Server) jobExit(w http.ResponseWriter, r *http.Request) {

@@ -210,6 +210,24 @@ type tokenInfo struct {
 type agentInfo struct {
 	node   *lease.Node
 	certFP string
+	wake   chan struct{} // signalled when the core has orders for the node
+}
+
+// agentRunner is the lease core's Runner for kiln's agents: a node with
+// new orders gets its waiting heartbeat answered.
+type agentRunner struct{ s *Server }
+
+func (r agentRunner) Wake(node string) {
+	r.s.amu.RLock()
+	a := r.s.agents[node]
+	r.s.amu.RUnlock()
+	if a == nil {
+		return
+	}
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
 }
 
 // New opens (or creates) the data directory and loads the state.
@@ -264,10 +282,10 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		byName:  map[string]*userInfo{},
 		tokens:  map[string]*tokenInfo{},
 		changed: make(chan struct{}),
-		core: lease.New(lease.Config{HeartbeatTimeout: cfg.HeartbeatTimeout, DefaultTimeLimit: cfg.DefaultTimeLimit,
-			MaxTimeLimit: cfg.MaxTimeLimit, PreemptGrace: cfg.PreemptGrace, FairShareWindow: cfg.FairShareWindow,
-			Limits: cfg.Limits, Placer: cfg.Placer, KB: cfg.KB, Logger: cfg.Logger, NewID: newID}, time.Now()),
 	}
+	s.core = lease.New(lease.Config{HeartbeatTimeout: cfg.HeartbeatTimeout, DefaultTimeLimit: cfg.DefaultTimeLimit,
+		MaxTimeLimit: cfg.MaxTimeLimit, PreemptGrace: cfg.PreemptGrace, FairShareWindow: cfg.FairShareWindow,
+		Limits: cfg.Limits, Placer: cfg.Placer, KB: cfg.KB, Logger: cfg.Logger, NewID: newID, Runner: agentRunner{s}}, time.Now())
 	if err := s.load(ctx); err != nil {
 		st.Close()
 		return nil, err
@@ -389,7 +407,11 @@ func (s *Server) addAgent(n *lease.Node) {
 	s.amu.Lock()
 	defer s.amu.Unlock()
 	rec := n.Record()
-	s.agents[rec.Node.ID] = &agentInfo{node: n, certFP: rec.CertSHA256}
+	wake := make(chan struct{}, 1)
+	if old := s.agents[rec.Node.ID]; old != nil {
+		wake = old.wake // a heartbeat may wait on it
+	}
+	s.agents[rec.Node.ID] = &agentInfo{node: n, certFP: rec.CertSHA256, wake: wake}
 }
 
 func newID(prefix string) string {
