@@ -115,7 +115,7 @@ func run(ctx context.Context, opts Options, rec *recording) (*snapshot.Snapshot,
 		nv, err := CollectNVML(ctx, opts.NVMLLib)
 		switch {
 		case errors.Is(err, ErrNoNVML):
-			note(s, "nvml", "NVML library not found: GPU health, clocks, ECC and NVLink state are unknown ("+err.Error()+")")
+			note(s, "nvml", nvmlNote(err))
 		case err != nil:
 			note(s, "nvml", "NVML: "+err.Error())
 		case nv != nil:

@@ -16,6 +16,27 @@ import (
 // a failure of the node.
 var ErrNoNVML = errors.New("NVIDIA NVML is not available")
 
+// noCgoError is ErrNoNVML when kiln was built without cgo: go-nvml loads
+// the library through cgo, so such a kiln can never read NVML, whatever the
+// machine has installed. The way out is a build with cgo.
+type noCgoError struct{ lib string }
+
+func (e noCgoError) Error() string {
+	return "this kiln was built without cgo and cannot read NVIDIA GPUs through NVML (it cannot load " + e.lib + "); build it with scripts/install.sh"
+}
+
+func (noCgoError) Is(target error) bool { return target == ErrNoNVML }
+
+// nvmlNote is the note a discovery on NVIDIA GPUs writes when NVML cannot
+// be read; err wraps ErrNoNVML.
+func nvmlNote(err error) string {
+	const unknown = "GPU health, clocks, ECC and NVLink state are unknown"
+	if errors.As(err, new(noCgoError)) {
+		return err.Error() + " (" + unknown + ")"
+	}
+	return "NVML library not found: " + unknown + " (" + err.Error() + ")"
+}
+
 // Errors that an nvmlLib implementation returns for NVML's return codes that
 // collection handles on its own. Every other code is a plain error with
 // NVML's text.

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,8 +13,7 @@ import (
 
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/api"
-	"kiln.dev/kiln/capture"
-	"kiln.dev/kiln/discover"
+	"kiln.dev/kiln/demo"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/snapshot"
@@ -24,65 +21,24 @@ import (
 
 func init() { addCommand(newUpCmd) }
 
-// demoMachine is a recorded machine kiln up --demo replays.
-type demoMachine struct {
-	node string
-	path string // relative to the repository root
-	what string
-}
-
-var demoMachines = []demoMachine{
-	{"demo-hgx-h100", "testdata/fixtures/h100-hgx8-sysfs", "an 8-GPU H100 HGX server (NVSwitch)"},
-	{"demo-mi300x", "testdata/captures/kfd-topology/mi300x-x8-cpx.tar.gz", "an 8-GPU MI300X server in CPX mode"},
-	{"demo-pcie-l40s", "testdata/fixtures/pcie4-downtrained-acs", "a 4-GPU L40S PCIe box with a downtrained link and ACS on"},
-}
-
-// findDemoRoot finds the directory holding kiln's testdata: dir when
-// given, else the current directory or the executable's, or their parents.
-func findDemoRoot(dir string) (string, error) {
-	var tries []string
-	if dir != "" {
-		tries = append(tries, dir)
-	} else {
-		if wd, err := os.Getwd(); err == nil {
-			tries = append(tries, wd, filepath.Dir(wd))
-		}
-		if exe, err := os.Executable(); err == nil {
-			d := filepath.Dir(exe)
-			tries = append(tries, d, filepath.Dir(d))
-		}
-	}
-	for _, d := range tries {
-		if _, err := os.Stat(filepath.Join(d, demoMachines[0].path)); err == nil {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("the recorded machines for --demo are in kiln's source tree (testdata/): run kiln up --demo from the repository root, or pass --demo-dir; looked in %s", strings.Join(tries, ", "))
-}
-
-func loadDemo(ctx context.Context, root string, m demoMachine) (*snapshot.Snapshot, error) {
-	p := filepath.Join(root, m.path)
-	var s *snapshot.Snapshot
-	var err error
-	if discover.IsBundle(p) {
-		s, err = discover.Replay(ctx, p)
-	} else {
-		s, err = capture.Load(ctx, p)
-	}
+// loadDemo returns the Snapshot of a recorded machine, completed from the
+// knowledge base as a live machine's is.
+func loadDemo(m demo.Machine) (*snapshot.Snapshot, error) {
+	s, err := m.Snapshot()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", m.path, err)
+		return nil, err
 	}
 	kb.Default().Annotate(s)
 	if s.Host.Hostname == "" {
-		s.Host.Hostname = m.node
+		s.Host.Hostname = m.Node
 	}
 	return s, nil
 }
 
 func newUpCmd() *cobra.Command {
 	var f serverFlags
-	var demo, noLocal bool
-	var demoDir, configPath string
+	var withDemo, noLocal bool
+	var configPath string
 	var heartbeat time.Duration
 	var ctrFlags containerFlags
 	cmd := &cobra.Command{
@@ -93,15 +49,16 @@ data in ~/.local/share/kiln (or --data). It writes the admin's client
 configuration to ~/.config/kiln/client.json, so 'kiln run', 'kiln lease',
 'kiln ls', 'kiln nodes' and the others work from this shell at once.
 
---demo adds agents that replay recorded machines from kiln's fixtures: an 8-GPU
+--demo adds agents that replay recorded machines built into kiln: an 8-GPU
 H100 HGX server, an 8-GPU MI300X server and a 4-GPU L40S PCIe box. Their GPUs are
 recorded, not real: jobs placed there run on this machine as ordinary processes,
 with the GPU environment (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, MPS limits)
-set as it would be on the real machine. Try the whole service on a laptop.
+set as it would be on the real machine. Try the whole service on a laptop, or on
+any machine without GPUs.
 
 Ctrl-C stops everything; the next kiln up finds its leases, projects and tokens
 again.`,
-		Example: `  go build -o kiln ./cmd/kiln && ./kiln up
+		Example: `  scripts/install.sh && ./kiln up
   ./kiln up --demo
   ./kiln up --demo --data /tmp/kiln-demo --listen 127.0.0.1:7450`,
 		Args: cobra.NoArgs,
@@ -109,16 +66,9 @@ again.`,
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			out := cmd.OutOrStdout()
-			var root string
-			if demo {
-				var err error
-				if root, err = findDemoRoot(demoDir); err != nil {
-					return &exitError{code: 3, err: err}
-				}
-			}
 			// Refuse a job setup that cannot run before anything is written
 			// to the data directory.
-			if !noLocal || demo {
+			if !noLocal || withDemo {
 				if _, err := ctrFlags.sandbox(nil); err != nil {
 					return &exitError{code: 3, err: err}
 				}
@@ -152,17 +102,19 @@ again.`,
 				what     string
 			}
 			var nodes []node
+			var local string
 			if !noLocal {
 				var src sourceFlags
-				nodes = append(nodes, node{name: hostNodeName(), discover: func(ctx context.Context) (*snapshot.Snapshot, error) { return src.load(ctx, nil) }, what: "this machine"})
+				local = hostNodeName()
+				nodes = append(nodes, node{name: local, discover: func(ctx context.Context) (*snapshot.Snapshot, error) { return src.load(ctx, nil) }, what: "this machine"})
 			}
-			if demo {
-				for _, m := range demoMachines {
-					s, err := loadDemo(ctx, root, m)
+			if withDemo {
+				for _, m := range demo.Machines() {
+					s, err := loadDemo(m)
 					if err != nil {
 						return &exitError{code: 3, err: err}
 					}
-					nodes = append(nodes, node{name: m.node, discover: func(context.Context) (*snapshot.Snapshot, error) { return s, nil }, recorded: true, what: m.what})
+					nodes = append(nodes, node{name: m.Node, discover: func(context.Context) (*snapshot.Snapshot, error) { return s, nil }, recorded: true, what: m.What})
 				}
 			}
 			for _, n := range nodes {
@@ -184,15 +136,14 @@ again.`,
 				go func() { defer wg.Done(); _ = a.Run(ctx) }()
 			}
 			ready := waitReady(ctx, client, len(nodes), 20*time.Second)
-			printUp(out, url, f.data, cfgNote, ready, demo)
+			printUp(out, url, f.data, cfgNote, ready, withDemo, local)
 			<-ctx.Done()
 			fmt.Fprintln(cmd.ErrOrStderr(), "kiln up: stopping")
 			return nil
 		},
 	}
 	f.add(cmd, "127.0.0.1:7443")
-	cmd.Flags().BoolVar(&demo, "demo", false, "also run agents that replay recorded machines (their GPUs are not real)")
-	cmd.Flags().StringVar(&demoDir, "demo-dir", "", "kiln's source tree, where the recorded machines are (default: found from here)")
+	cmd.Flags().BoolVar(&withDemo, "demo", false, "also run agents that replay recorded machines built into kiln (their GPUs are not real)")
 	cmd.Flags().BoolVar(&noLocal, "no-local-agent", false, "do not run an agent for this machine")
 	cmd.Flags().StringVar(&configPath, "config", "", "where to write the client configuration (default $KILN_CONFIG or ~/.config/kiln/client.json)")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat", 2*time.Second, "agents' heartbeat interval")
@@ -256,12 +207,27 @@ func waitReady(ctx context.Context, c *api.Client, want int, within time.Duratio
 	return nl.Nodes
 }
 
-func printUp(w io.Writer, url, data, cfgNote string, nodes []api.Node, demo bool) {
+// printUp says where kiln is, which nodes are ready and what to try:
+// jobs where a ready node has GPUs, else the demo. local is this machine's
+// node ("" without one).
+func printUp(w io.Writer, url, data, cfgNote string, nodes []api.Node, demo bool, local string) {
 	fmt.Fprintf(w, "kiln is up at %s (data in %s)\n%s\n\n", url, data, cfgNote)
 	writeNodeTable(w, nodes)
 	if demo {
 		fmt.Fprintln(w, "\nThe demo nodes replay RECORDED machines: their GPUs are not real. Jobs placed on them")
 		fmt.Fprintln(w, "run here as plain processes, with the GPU environment set as on the real machine.")
+	}
+	if !demo && !anyGPUReady(nodes) {
+		if n, ok := findNode(nodes, local); ok && n.State == api.NodeReady {
+			fmt.Fprintln(w, "\nNo GPU found on this machine: a job that asks for GPUs would be refused.")
+		} else {
+			fmt.Fprintln(w, "\nNo node with a GPU is ready: a job that asks for GPUs would be refused.")
+		}
+		fmt.Fprintln(w, "To try the service without GPUs, stop kiln (Ctrl-C) and start it again with the")
+		fmt.Fprintln(w, "recorded machines built into kiln (their GPUs are not real):")
+		fmt.Fprintln(w, "  ./kiln up --demo")
+		fmt.Fprintln(w, "Ctrl-C stops the server and its agents.")
+		return
 	}
 	fmt.Fprintln(w, "\nTry:")
 	fmt.Fprintln(w, "  ./kiln nodes")
@@ -269,4 +235,23 @@ func printUp(w io.Writer, url, data, cfgNote string, nodes []api.Node, demo bool
 	fmt.Fprintln(w, `  ./kiln run --fraction 0.25 --mem 10G -- sh -c 'env | grep -E "KILN_ISOLATION|CUDA_MPS"'`)
 	fmt.Fprintln(w, "  ./kiln ls --all")
 	fmt.Fprintln(w, "Ctrl-C stops the server and its agents.")
+}
+
+// anyGPUReady says whether a ready node has a GPU.
+func anyGPUReady(nodes []api.Node) bool {
+	for _, n := range nodes {
+		if n.State == api.NodeReady && (n.Total > 0 || len(n.Devices) > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+func findNode(nodes []api.Node, id string) (api.Node, bool) {
+	for _, n := range nodes {
+		if id != "" && n.ID == id {
+			return n, true
+		}
+	}
+	return api.Node{}, false
 }
