@@ -13,9 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -250,10 +248,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (a *Agent) path(rest string) string {
-	return "/v1/agent/nodes/" + url.PathEscape(a.node) + rest
-}
-
 func (a *Agent) discover(ctx context.Context) error {
 	_, err := a.rediscover(ctx)
 	return err
@@ -358,16 +352,19 @@ func (a *Agent) register(ctx context.Context) error {
 	req.Running = a.running()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return a.client.Do(rctx, "PUT", a.path(""), req, nil)
+	_, err := a.client.Register(rctx, a.node, req)
+	return err
 }
 
 func (a *Agent) beat(ctx context.Context) (api.HeartbeatReply, error) {
-	var reply api.HeartbeatReply
 	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond)}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat+10*time.Second)
 	defer cancel()
-	err := a.client.Do(rctx, "POST", a.path("/heartbeat"), hb, &reply)
-	return reply, err
+	reply, err := a.client.Heartbeat(rctx, a.node, hb)
+	if err != nil {
+		return api.HeartbeatReply{}, err
+	}
+	return *reply, nil
 }
 
 // start runs an assignment unless it already runs or ran.
@@ -531,11 +528,9 @@ func (a *Agent) postLog(ctx context.Context, id string, b []byte) {
 	}
 	for try := 0; try < 5; try++ {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		resp, err := a.client.Raw(rctx, "POST", a.path("/jobs/"+url.PathEscape(id)+"/logs"), bytes.NewReader(b))
+		err := a.client.JobLogChunk(rctx, a.node, id, b)
 		cancel()
 		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
 			return
 		}
 		if s := api.StatusOf(err); s >= 400 && s < 500 {
@@ -573,7 +568,7 @@ func (a *Agent) finish(ctx context.Context, id string, rep api.ExitReport) {
 	backoff := 100 * time.Millisecond
 	for {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		err := a.client.Do(rctx, "POST", a.path("/jobs/"+url.PathEscape(id)+"/exit"), rep, nil)
+		_, err := a.client.JobExit(rctx, a.node, id, rep)
 		cancel()
 		if err == nil || (api.StatusOf(err) >= 400 && api.StatusOf(err) < 500) {
 			break

@@ -50,9 +50,9 @@ func Join(ctx context.Context, url, token, caSHA256, node, dir string) (*Identit
 	tr := &http.Transport{TLSClientConfig: api.FingerprintTLS(caSHA256, &seenCA)}
 	defer tr.CloseIdleConnections()
 	c := &api.Client{Base: strings.TrimRight(url, "/"), HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
-	var resp api.JoinResponse
 	req := api.JoinRequest{Token: token, Node: node, CSRPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER}))}
-	if err := c.Do(ctx, "POST", "/v1/join", req, &resp); err != nil {
+	resp, err := c.Join(ctx, req)
+	if err != nil {
 		return nil, fmt.Errorf("joining %s: %w", url, err)
 	}
 	if b, _ := pem.Decode([]byte(resp.CAPEM)); b == nil || api.Fingerprint(b.Bytes) != strings.ToLower(strings.ReplaceAll(caSHA256, ":", "")) {

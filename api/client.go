@@ -94,7 +94,8 @@ func Fingerprint(der []byte) string {
 }
 
 // Do sends in as JSON (when not nil) and decodes the answer into out (when
-// not nil). A non-2xx answer is returned as *Error.
+// not nil). A non-2xx answer is returned as *Error. path is sent as it is:
+// the typed methods (CreateLease, GetNode, ...) build it from ids safely.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -119,15 +120,21 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	return nil
 }
 
-// Raw sends a request and returns the response when it is 2xx; else the
-// error message the server gave, as *Error.
+// Raw sends a request (body, when not nil, as JSON) and returns the
+// response when it is 2xx; else the error message the server gave, as
+// *Error.
 func (c *Client) Raw(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	return c.send(ctx, method, path, "application/json", body)
+}
+
+// send is Raw with the body's content type.
+func (c *Client) send(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, body)
 	if err != nil {
 		return nil, err
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)

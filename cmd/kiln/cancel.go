@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net/url"
 
 	"github.com/spf13/cobra"
 
@@ -30,15 +29,15 @@ cancel their projects' leases only.`,
 			var out []api.Lease
 			var firstErr error
 			for _, id := range args {
-				var l api.Lease
-				if err := c.Do(cmd.Context(), "DELETE", "/v1/leases/"+url.PathEscape(id), nil, &l); err != nil {
+				l, err := c.CancelLease(cmd.Context(), id)
+				if err != nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "kiln: cancel %s: %s\n", printable(id), printable(err.Error()))
 					if firstErr == nil {
 						firstErr = apiErr(err)
 					}
 					continue
 				}
-				out = append(out, l)
+				out = append(out, *l)
 				if !cf.structured() {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", printable(l.ID), printable(l.State))
 				}

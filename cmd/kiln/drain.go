@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"net/url"
 
 	"github.com/spf13/cobra"
 
@@ -42,8 +41,8 @@ again, kiln stops those jobs and frees the GPUs. If the node will not come back,
 				return err
 			}
 			req := api.DrainRequest{Devices: args[1:], Reason: reason, Undrain: undrain, ClearLost: clearLost}
-			var n api.Node
-			if err := c.Do(cmd.Context(), "POST", "/v1/nodes/"+url.PathEscape(args[0])+"/drain", req, &n); err != nil {
+			n, err := c.DrainNode(cmd.Context(), args[0], req)
+			if err != nil {
 				return apiErr(err)
 			}
 			if cf.structured() {
@@ -57,7 +56,7 @@ again, kiln stops those jobs and frees the GPUs. If the node will not come back,
 			default:
 				fmt.Fprintf(cmd.OutOrStdout(), "drained on %s\n", printable(n.ID))
 			}
-			writeNodeDevices(cmd.OutOrStdout(), n)
+			writeNodeDevices(cmd.OutOrStdout(), *n)
 			return nil
 		},
 	}

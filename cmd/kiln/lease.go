@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -138,16 +137,14 @@ func waitGranted(ctx context.Context, c *api.Client, l *api.Lease, progress io.W
 				shown = line
 			}
 		}
-		since := fmt.Sprintf("%s/%d", l.State, l.QueuePosition)
-		var next api.Lease
-		err := c.Do(ctx, "GET", "/v1/leases/"+url.PathEscape(l.ID)+"?wait_s=10&since="+url.QueryEscape(since), nil, &next)
+		next, err := c.GetLease(ctx, l.ID, api.LeaseWait{Since: api.LeaseVersion(l), For: 10 * time.Second})
 		if err != nil {
 			if ctx.Err() != nil {
 				return l, ctx.Err()
 			}
 			return l, err
 		}
-		l = &next
+		l = next
 	}
 	return l, nil
 }
@@ -182,13 +179,13 @@ Exit codes: 0 granted, 2 refused or ended before it was granted, 3 could not ask
 				return &exitError{code: 3, err: err}
 			}
 			ctx := cmd.Context()
-			var l api.Lease
-			if err := c.Do(ctx, "POST", "/v1/leases", req, &l); err != nil {
+			l, err := c.CreateLease(ctx, req)
+			if err != nil {
 				return apiErr(err)
 			}
-			got := &l
+			got := l
 			if !noWait {
-				if got, err = waitGranted(ctx, c, &l, cmd.ErrOrStderr(), colorOK(cmd.ErrOrStderr())); err != nil {
+				if got, err = waitGranted(ctx, c, l, cmd.ErrOrStderr(), colorOK(cmd.ErrOrStderr())); err != nil {
 					return apiErr(err)
 				}
 			}

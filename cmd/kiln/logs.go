@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"io"
-	"net/url"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -36,8 +35,8 @@ a file or a pipe the bytes always go as they are.`,
 			ctx := cmd.Context()
 			id := args[0]
 			if strings.HasPrefix(id, "l-") {
-				var l api.Lease
-				if err := c.Do(ctx, "GET", "/v1/leases/"+url.PathEscape(id), nil, &l); err != nil {
+				l, err := c.GetLease(ctx, id, api.LeaseWait{})
+				if err != nil {
 					return apiErr(err)
 				}
 				if len(l.Jobs) == 0 {
@@ -45,16 +44,12 @@ a file or a pipe the bytes always go as they are.`,
 				}
 				id = l.Jobs[0]
 			}
-			q := ""
-			if follow {
-				q = "?follow=1"
-			}
-			resp, err := c.Raw(ctx, "GET", "/v1/jobs/"+url.PathEscape(id)+"/logs"+q, nil)
+			logs, err := c.JobLogs(ctx, id, follow)
 			if err != nil {
 				return apiErr(err)
 			}
-			defer resp.Body.Close()
-			if err := copyOutput(cmd.OutOrStdout(), resp.Body, raw); err != nil && ctx.Err() == nil {
+			defer logs.Close()
+			if err := copyOutput(cmd.OutOrStdout(), logs, raw); err != nil && ctx.Err() == nil {
 				return &exitError{code: 3, err: err}
 			}
 			return nil

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -34,20 +33,11 @@ By default only live leases (queued, granted, stopping); --all adds the ended on
 			if err != nil {
 				return err
 			}
-			q := url.Values{}
-			if all {
-				q.Set("all", "1")
-			}
-			if project != "" {
-				q.Set("project", project)
-			}
-			if state != "" {
-				q.Set("state", state)
-			}
-			var list api.LeaseList
-			if err := c.Do(cmd.Context(), "GET", "/v1/leases?"+q.Encode(), nil, &list); err != nil {
+			leases, err := c.ListLeases(cmd.Context(), api.LeaseFilter{All: all, Project: project, State: state})
+			if err != nil {
 				return apiErr(err)
 			}
+			list := api.LeaseList{Leases: leases}
 			if cf.structured() {
 				return writeStructured(cmd.OutOrStdout(), cf.format, list)
 			}

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -38,20 +37,21 @@ marked RECORDED: their GPUs are not real.`,
 			}
 			out := cmd.OutOrStdout()
 			if len(args) == 1 {
-				var n api.Node
-				if err := c.Do(cmd.Context(), "GET", "/v1/nodes/"+url.PathEscape(args[0]), nil, &n); err != nil {
+				n, err := c.Node(cmd.Context(), args[0])
+				if err != nil {
 					return apiErr(err)
 				}
 				if cf.structured() {
 					return writeStructured(out, cf.format, n)
 				}
-				writeNodeDevices(out, n)
+				writeNodeDevices(out, *n)
 				return nil
 			}
-			var nl api.NodeList
-			if err := c.Do(cmd.Context(), "GET", "/v1/nodes", nil, &nl); err != nil {
+			nodes, err := c.Nodes(cmd.Context())
+			if err != nil {
 				return apiErr(err)
 			}
+			nl := api.NodeList{Nodes: nodes}
 			if cf.structured() {
 				return writeStructured(out, cf.format, nl)
 			}

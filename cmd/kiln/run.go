@@ -74,8 +74,8 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 			var l *api.Lease
 			var jobID string
 			if leaseID != "" {
-				var j api.Job
-				if err := c.Do(ctx, "POST", "/v1/leases/"+url.PathEscape(leaseID)+"/jobs", spec, &j); err != nil {
+				j, err := c.AddJob(ctx, leaseID, spec)
+				if err != nil {
 					return apiErr(err)
 				}
 				jobID = j.ID
@@ -86,11 +86,11 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 					return &exitError{code: 3, err: err}
 				}
 				req.Job = &spec
-				var got api.Lease
-				if err := c.Do(ctx, "POST", "/v1/leases", req, &got); err != nil {
+				got, err := c.CreateLease(ctx, req)
+				if err != nil {
 					return apiErr(err)
 				}
-				l, jobID = &got, got.Jobs[0]
+				l, jobID = got, got.Jobs[0]
 				if detach {
 					return printRun(cmd.OutOrStdout(), cf.format, l, nil)
 				}
@@ -122,9 +122,8 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 				return cancelOnInterrupt(c, l.ID, stderr, err)
 			}
 			if cf.structured() {
-				var fin api.Lease
-				if c.Do(ctx, "GET", "/v1/leases/"+url.PathEscape(l.ID), nil, &fin) == nil {
-					l = &fin
+				if fin, err := c.GetLease(ctx, l.ID, api.LeaseWait{}); err == nil {
+					l = fin
 				}
 				if err := printRun(cmd.OutOrStdout(), cf.format, l, j); err != nil {
 					return err
@@ -188,7 +187,7 @@ func cancelOnInterrupt(c *api.Client, id string, stderr io.Writer, err error) er
 	if errors.Is(err, context.Canceled) && id != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if cerr := c.Do(ctx, "DELETE", "/v1/leases/"+url.PathEscape(id), nil, nil); cerr == nil {
+		if _, cerr := c.CancelLease(ctx, id); cerr == nil {
 			fmt.Fprintf(stderr, "\nkiln: interrupted; lease %s cancelled\n", id)
 		}
 		return &exitError{code: 130}
@@ -198,12 +197,12 @@ func cancelOnInterrupt(c *api.Client, id string, stderr io.Writer, err error) er
 
 // followLogs streams a job's output until the job ends.
 func followLogs(ctx context.Context, c *api.Client, jobID string, w io.Writer) error {
-	resp, err := c.Raw(ctx, "GET", "/v1/jobs/"+url.PathEscape(jobID)+"/logs?follow=1", nil)
+	logs, err := c.JobLogs(ctx, jobID, true)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	err = copyOutput(w, resp.Body, false)
+	defer logs.Close()
+	err = copyOutput(w, logs, false)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -213,12 +212,12 @@ func followLogs(ctx context.Context, c *api.Client, jobID string, w io.Writer) e
 // waitJob waits until a job is final.
 func waitJob(ctx context.Context, c *api.Client, id string) (*api.Job, error) {
 	for {
-		var j api.Job
-		if err := c.Do(ctx, "GET", "/v1/jobs/"+url.PathEscape(id), nil, &j); err != nil {
+		j, err := c.GetJob(ctx, id)
+		if err != nil {
 			return nil, err
 		}
 		if api.JobFinal(j.State) {
-			return &j, nil
+			return j, nil
 		}
 		t := time.NewTimer(100 * time.Millisecond)
 		select {

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -48,8 +47,8 @@ func newTokenCreateCmd() *cobra.Command {
 				return err
 			}
 			req.TTLSeconds = int(ttl / time.Second)
-			var tok api.Token
-			if err := c.Do(cmd.Context(), "POST", "/v1/tokens", req, &tok); err != nil {
+			tok, err := c.CreateToken(cmd.Context(), req)
+			if err != nil {
 				return apiErr(err)
 			}
 			if cf.structured() {
@@ -84,11 +83,11 @@ func newTokenLsCmd() *cobra.Command {
 				Tokens     []api.Token     `json:"tokens"`
 				JoinTokens []api.JoinToken `json:"join_tokens,omitempty"`
 			}
-			if err := c.Do(cmd.Context(), "GET", "/v1/tokens", nil, &out); err != nil {
+			if out.Tokens, err = c.Tokens(cmd.Context()); err != nil {
 				return apiErr(err)
 			}
 			// Admins see the join tokens too; members are refused them.
-			if err := c.Do(cmd.Context(), "GET", "/v1/join-tokens", nil, &out); err != nil && api.StatusOf(err) != 403 {
+			if out.JoinTokens, err = c.JoinTokens(cmd.Context()); err != nil && api.StatusOf(err) != 403 {
 				return apiErr(err)
 			}
 			if cf.structured() {
@@ -126,13 +125,13 @@ admin first.`,
 				return err
 			}
 			if user {
-				if err := c.Do(cmd.Context(), "DELETE", "/v1/users/"+url.PathEscape(args[0]), nil, nil); err != nil {
+				if err := c.DeleteUser(cmd.Context(), args[0]); err != nil {
 					return apiErr(err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "user %s removed with its tokens\n", printable(args[0]))
 				return nil
 			}
-			if err := c.Do(cmd.Context(), "DELETE", "/v1/tokens/"+url.PathEscape(args[0]), nil, nil); err != nil {
+			if err := c.DeleteToken(cmd.Context(), args[0]); err != nil {
 				return apiErr(err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "token %s revoked\n", printable(args[0]))
@@ -166,8 +165,8 @@ with 'kiln node replace NAME', or removes the node with 'kiln node forget NAME'.
 			if err != nil {
 				return err
 			}
-			var jt api.JoinToken
-			if err := c.Do(cmd.Context(), "POST", "/v1/join-tokens", api.JoinTokenRequest{TTLSeconds: int(ttl / time.Second), Uses: uses}, &jt); err != nil {
+			jt, err := c.CreateJoinToken(cmd.Context(), api.JoinTokenRequest{TTLSeconds: int(ttl / time.Second), Uses: uses})
+			if err != nil {
 				return apiErr(err)
 			}
 			if cf.structured() {
@@ -199,8 +198,7 @@ func newTokenRevokeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			id := url.PathEscape(args[0])
-			err = c.Do(cmd.Context(), "DELETE", "/v1/join-tokens/"+id, nil, nil)
+			err = c.RevokeJoinToken(cmd.Context(), args[0])
 			if err == nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "join token %s revoked\n", printable(args[0]))
 				return nil
@@ -208,7 +206,7 @@ func newTokenRevokeCmd() *cobra.Command {
 			if s := api.StatusOf(err); s != 404 && s != 403 {
 				return apiErr(err)
 			}
-			if err := c.Do(cmd.Context(), "DELETE", "/v1/tokens/"+id, nil, nil); err != nil {
+			if err := c.DeleteToken(cmd.Context(), args[0]); err != nil {
 				return apiErr(err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "token %s revoked\n", printable(args[0]))
@@ -252,7 +250,7 @@ project: flags left out take their defaults.`,
 				var list struct {
 					Projects []api.Project `json:"projects"`
 				}
-				if err := c.Do(cmd.Context(), "GET", "/v1/projects", nil, &list); err != nil {
+				if list.Projects, err = c.Projects(cmd.Context()); err != nil {
 					return apiErr(err)
 				}
 				if cf.structured() {
@@ -286,8 +284,8 @@ project: flags left out take their defaults.`,
 					return err
 				}
 			}
-			var got api.Project
-			if err := c.Do(cmd.Context(), "PUT", "/v1/projects/"+url.PathEscape(p.Name), p, &got); err != nil {
+			got, err := c.PutProject(cmd.Context(), p)
+			if err != nil {
 				return apiErr(err)
 			}
 			if cf.structured() {
