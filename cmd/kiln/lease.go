@@ -211,7 +211,7 @@ Exit codes: 0 granted, 2 refused or ended before it was granted, 3 could not ask
 }
 
 func writeLeaseText(w io.Writer, l *api.Lease) {
-	fmt.Fprintf(w, "lease %s (%s, project %s): %s\n", printable(l.ID), printable(sizeOf(l.Request)), printable(l.Project), printable(l.State))
+	fmt.Fprintf(w, "lease %s (%s, project %s): %s\n", printable(l.ID), printable(l.Request.ShortSize()), printable(l.Project), printable(l.State))
 	if l.Reason != "" {
 		fmt.Fprintf(w, "  %s\n", printable(l.Reason))
 	}
@@ -254,18 +254,6 @@ func isolationText(iso string) string {
 		return "time-slicing (no isolation: the GPU is shared in time)"
 	}
 	return iso
-}
-
-func sizeOf(r api.LeaseRequest) string {
-	switch {
-	case r.GPUs == 1:
-		return "1 GPU"
-	case r.GPUs > 1:
-		return fmt.Sprintf("%d GPUs", r.GPUs)
-	case r.Fraction > 0:
-		return fmt.Sprintf("%g GPU", r.Fraction)
-	}
-	return "MIG " + r.MIG
 }
 
 // sizeText writes a GPU's memory or a share of it, as measured: GiB to one

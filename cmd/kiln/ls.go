@@ -97,7 +97,7 @@ func writeLeaseTable(w io.Writer, ls []api.Lease) {
 		if l.Request.Preemptible {
 			prio += " (preemptible)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(l.ID), cell(l.Project), cell(l.User), cell(sizeOf(l.Request)), prio, cell(l.State), cell(where))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(l.ID), cell(l.Project), cell(l.User), cell(l.Request.ShortSize()), prio, cell(l.State), cell(where))
 	}
 	tw.Flush()
 }

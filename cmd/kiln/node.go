@@ -1,10 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"net/url"
 
 	"github.com/spf13/cobra"
+	"kiln.dev/kiln/api"
 )
 
 func init() { addCommand(newNodeCmd) }
@@ -27,12 +28,17 @@ its place, an admin says so:
                            there are marked lost, and its name is free`,
 		Args: cobra.NoArgs,
 	}
-	cmd.AddCommand(newNodeActionCmd("replace", "Let the next agent that joins take the node's name with a new key", "POST", "/replace"),
-		newNodeActionCmd("forget", "Remove a node that is not ready; free what its lost leases hold", "DELETE", ""))
+	cmd.AddCommand(newNodeActionCmd("replace", "Let the next agent that joins take the node's name with a new key",
+		func(ctx context.Context, c *api.Client, node string) error {
+			_, err := c.ReplaceNode(ctx, node)
+			return err
+		}),
+		newNodeActionCmd("forget", "Remove a node that is not ready; free what its lost leases hold",
+			func(ctx context.Context, c *api.Client, node string) error { return c.ForgetNode(ctx, node) }))
 	return cmd
 }
 
-func newNodeActionCmd(verb, short, method, suffix string) *cobra.Command {
+func newNodeActionCmd(verb, short string, call func(ctx context.Context, c *api.Client, node string) error) *cobra.Command {
 	var cf clientFlags
 	cmd := &cobra.Command{
 		Use:   verb + " NAME",
@@ -43,7 +49,7 @@ func newNodeActionCmd(verb, short, method, suffix string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := c.Do(cmd.Context(), method, "/v1/nodes/"+url.PathEscape(args[0])+suffix, nil, nil); err != nil {
+			if err := call(cmd.Context(), c, args[0]); err != nil {
 				return apiErr(err)
 			}
 			switch verb {

@@ -189,11 +189,12 @@ func writeUserConfig(cfg *api.ClientConfig, path string) string {
 
 func waitReady(ctx context.Context, c *api.Client, want int, within time.Duration) []api.Node {
 	deadline := time.Now().Add(within)
-	var nl api.NodeList
+	var nodes []api.Node
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if err := c.Do(ctx, "GET", "/v1/nodes", nil, &nl); err == nil {
+		if nl, err := c.Nodes(ctx); err == nil {
+			nodes = nl
 			n := 0
-			for _, nd := range nl.Nodes {
+			for _, nd := range nl {
 				if nd.State == api.NodeReady {
 					n++
 				}
@@ -204,7 +205,7 @@ func waitReady(ctx context.Context, c *api.Client, want int, within time.Duratio
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return nl.Nodes
+	return nodes
 }
 
 // printUp says where kiln is, which nodes are ready and what to try:
