@@ -79,7 +79,7 @@ func (e *secEnv) kilnAs(cfg string, args ...string) (string, string, int) {
 func (e *secEnv) start(args ...string) *exec.Cmd {
 	e.t.Helper()
 	cmd := exec.Command(e.bin, args...)
-	cmd.Dir = "../.." // kiln up --demo finds its recorded machines from the repository root
+	cmd.Dir = "../.." // agents started with --from testdata/... read it from the repository root
 	cmd.Env = append(os.Environ(), "KILN_CONFIG="+e.admin)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
