@@ -130,9 +130,6 @@ func sandboxOf(d process.Delivered) *api.Sandbox {
 		Missing: append([]string(nil), d.Missing...)}
 }
 
-// Node is the agent's node name.
-func (a *Agent) Node() string { return a.node }
-
 // Run registers and serves until ctx ends. Jobs keep running while the
 // server is unreachable; the agent retries and reconciles when it is back.
 // When ctx ends, running jobs are stopped.

@@ -181,21 +181,6 @@ type candidate struct {
 	notes []string
 }
 
-// ParseTree detects the format of a directory capture and parses it.
-func ParseTree(fsys fs.FS, name string) (*snapshot.Snapshot, error) {
-	for _, imp := range treeImporters {
-		if imp.Detect(fsys) {
-			s, err := imp.Parse(fsys, name)
-			if err != nil {
-				return nil, fmt.Errorf("%s: reading as %s: %w", name, imp.Kind, err)
-			}
-			stamp(s, imp.Kind, name)
-			return s, nil
-		}
-	}
-	return nil, fmt.Errorf("%s: directory is %w (directory formats: KFD topology copy)", name, ErrUnknownFormat)
-}
-
 func stamp(s *snapshot.Snapshot, kind, name string) {
 	s.SchemaVersion = snapshot.SchemaVersion
 	if len(s.Sources) == 0 {

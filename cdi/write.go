@@ -1,7 +1,6 @@
 package cdi
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -28,36 +27,6 @@ var DefaultDirs = []string{StaticDir, DynamicDir}
 // SpecFile is the file name kiln's spec gets in a CDI directory.
 const SpecFile = "kiln.dev-gpu.json"
 
-// Validate checks a spec the way a CDI runtime does when it loads it:
-// version, kind, device names, device nodes, mounts.
-func Validate(spec *cdispec.Spec) error {
-	if spec == nil {
-		return errors.New("cdi: no spec")
-	}
-	data, err := json.Marshal(spec)
-	if err != nil {
-		return fmt.Errorf("cdi: encoding spec: %w", err)
-	}
-	dir, err := os.MkdirTemp("", "kiln-cdi-*")
-	if err != nil {
-		return fmt.Errorf("cdi: validating spec: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	p := filepath.Join(dir, SpecFile)
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		return fmt.Errorf("cdi: validating spec: %w", err)
-	}
-	if _, err := cdiapi.ReadSpec(p, 0); err != nil {
-		return fmt.Errorf("cdi: spec %s is not valid: %w", spec.Kind, unwrapPath(err, p))
-	}
-	return nil
-}
-
-// unwrapPath drops the temporary file name from a validation message.
-func unwrapPath(err error, p string) error {
-	return errors.New(strings.ReplaceAll(err.Error(), fmt.Sprintf("%q", p), "kiln's spec"))
-}
-
 // Write validates spec and writes it atomically as dir/kiln.dev-gpu.json
 // (dir is created when missing; "" means DynamicDir). It returns the file
 // written.
@@ -81,19 +50,6 @@ func Write(spec *cdispec.Spec, dir string) (string, error) {
 		return p, fmt.Errorf("cdi: %w", err)
 	}
 	return p, nil
-}
-
-// Remove deletes kiln's spec from dir ("" means DynamicDir); a missing
-// spec is not an error.
-func Remove(dir string) error {
-	if dir == "" {
-		dir = DynamicDir
-	}
-	err := os.Remove(filepath.Join(dir, SpecFile))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("cdi: %w", err)
-	}
-	return nil
 }
 
 // Inject applies the named CDI devices ("kiln.dev/gpu=0") found in dirs

@@ -87,12 +87,13 @@ func reqs(t *testing.T) map[string]*compat.Requirements {
 // yet, and returns what kiln read of every image read so far.
 func pushAndScan(t *testing.T, specs map[string]imagetest.Spec) map[string]*compat.Requirements {
 	t.Helper()
+	bin := imagetest.NeedRegistry(t)
 	scanMu.Lock()
 	defer scanMu.Unlock()
 	if registry == nil && regErr == nil {
 		dir, err := os.MkdirTemp("", "kiln-compat-registry-")
 		if err == nil {
-			registry, err = imagetest.StartRegistry(dir)
+			registry, err = imagetest.StartRegistry(bin, dir)
 		}
 		regErr = err
 	}

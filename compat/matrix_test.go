@@ -319,13 +319,13 @@ func TestMatrixCodeIsReal(t *testing.T) {
 			}
 			var got []string
 			if strings.HasPrefix(tc.want, "gfx") {
-				res, err := offload.Scan(f, st.Size())
+				res, err := new(offload.Scanner).Scan(f, st.Size())
 				if err != nil {
 					t.Fatal(err)
 				}
 				got = res.Names()
 			} else {
-				res, err := fatbin.Scan(f, st.Size())
+				res, err := new(fatbin.Scanner).Scan(f, st.Size())
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -200,7 +200,7 @@ func compareRealBinary(path string, want realbinTruth) []string {
 	// NVIDIA.
 	gotSASS := map[string]string{} // name -> kiln's own description
 	gotPTX := map[realbinPTX]string{}
-	res, err := fatbin.Scan(f, size)
+	res, err := new(fatbin.Scanner).Scan(f, size)
 	if err != nil {
 		diffs = append(diffs, "fatbin.Scan: "+err.Error())
 	} else if res != nil {
@@ -233,7 +233,7 @@ func compareRealBinary(path string, want realbinTruth) []string {
 		return append(diffs, err.Error())
 	}
 	gotGFX := map[string]string{}
-	ores, err := offload.Scan(f, size)
+	ores, err := new(offload.Scanner).Scan(f, size)
 	if err != nil {
 		diffs = append(diffs, "offload.Scan: "+err.Error())
 	} else if ores != nil {

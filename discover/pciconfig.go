@@ -30,9 +30,6 @@ const (
 	capIDPCIe        = 0x10
 	extCapIDAER      = 0x0001
 	extCapIDACS      = 0x000d
-	// conventionalSize is what a non-root reader gets from sysfs config on
-	// most kernels beyond the first 64 bytes: nothing.
-	conventionalSize = 0x100
 )
 
 // PCIConfig is what kiln reads from a device's configuration space.

@@ -135,11 +135,6 @@ var xidRecoveryActions = []XIDRecoveryAction{
 		Source: srcRecoveryNVML},
 }
 
-// XIDRecoveryActions returns the recovery actions Xid 154 can name.
-func XIDRecoveryActions() []XIDRecoveryAction {
-	return append([]XIDRecoveryAction(nil), xidRecoveryActions...)
-}
-
 // XIDRecoveryActionFor maps the action text kiln reads from an Xid 154
 // message to its recovery action. It accepts the driver's name ("Drain
 // P2P", any case), the value ("0x3" or "3"), both ("0x3 (Drain P2P)"), the

@@ -249,7 +249,7 @@ func TestXIDInvestigateAndSideEffect(t *testing.T) {
 func TestXIDRecoveryActionTable(t *testing.T) {
 	codes := map[int]bool{}
 	names := map[string]bool{}
-	for _, a := range XIDRecoveryActions() {
+	for _, a := range xidRecoveryActions {
 		if codes[a.Code] {
 			t.Errorf("recovery action 0x%x listed twice", a.Code)
 		}
@@ -277,11 +277,6 @@ func TestXIDRecoveryActionTable(t *testing.T) {
 		if !names[n] {
 			t.Errorf("recovery action %q missing", n)
 		}
-	}
-	// The returned slice is a copy.
-	XIDRecoveryActions()[0].Severity = "critical"
-	if XIDRecoveryActions()[0].Severity != "info" {
-		t.Error("XIDRecoveryActions returned the table itself")
 	}
 }
 

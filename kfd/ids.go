@@ -44,31 +44,6 @@ const (
 	LinkTypeXGMI           = 11
 )
 
-// LinkTypeName names an io_link type for messages.
-func LinkTypeName(t uint64) string {
-	switch t {
-	case 0:
-		return "undefined"
-	case LinkTypeHyperTransport:
-		return "hypertransport"
-	case LinkTypePCIe:
-		return "pcie"
-	case 3:
-		return "amba"
-	case 4:
-		return "mipi"
-	case LinkTypeQPI:
-		return "qpi"
-	case 8:
-		return "rapidio"
-	case 9:
-		return "infiniband"
-	case LinkTypeXGMI:
-		return "xgmi"
-	}
-	return fmt.Sprintf("type %d", t)
-}
-
 // partitionMode names an AMD compute partition mode from the number of KFD
 // nodes one physical GPU shows and the XCCs each has. One XCC per node with
 // several nodes is CPX; otherwise the node count names the mode.

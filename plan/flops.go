@@ -7,14 +7,6 @@ const (
 	RecomputeFull      = "full"
 )
 
-// MegatronFLOPs is the FLOPs of one training iteration of a GPT model with
-// full activation recomputation, as Narayanan et al. 2021 (section 5.1,
-// equation 3) give it: 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), for batch B,
-// sequence s, l layers, hidden size h and vocabulary V.
-func MegatronFLOPs(B, s, l, h, V float64) float64 {
-	return 96 * B * s * l * h * h * (1 + s/(6*h) + V/(16*l*h))
-}
-
 // forwardFLOPsPerToken is the forward-pass FLOPs of one token at context
 // length s through the transformer blocks (matmuls: 2 FLOPs per active
 // parameter; attention scores and their product with V: 4·s·attnDim per
@@ -62,7 +54,8 @@ func (m *Model) recomputeFLOPsPerToken(s float64, recompute string) float64 {
 // TrainFLOPs is the FLOPs of one training step over B sequences of s
 // tokens: forward, backward (twice the forward) and what recomputation
 // adds. With recompute "none" it is the model FLOPs that MFU counts; for a
-// GPT model with recompute "full" it equals MegatronFLOPs.
+// GPT model with recompute "full" it equals the Megatron-LM formula
+// (Narayanan et al. 2021, equation 3; checked in flops_test.go).
 func (m *Model) TrainFLOPs(B, s float64, recompute string) float64 {
 	perToken := 3*(m.blockForwardFLOPsPerToken(s)+m.logitFLOPsPerToken()) + m.recomputeFLOPsPerToken(s, recompute)
 	return B * s * perToken

@@ -5,6 +5,14 @@ import (
 	"testing"
 )
 
+// MegatronFLOPs is the FLOPs of one training iteration of a GPT model with
+// full activation recomputation, as Narayanan et al. 2021 (section 5.1,
+// equation 3) give it: 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), for batch B,
+// sequence s, l layers, hidden size h and vocabulary V.
+func MegatronFLOPs(B, s, l, h, V float64) float64 {
+	return 96 * B * s * l * h * h * (1 + s/(6*h) + V/(16*l*h))
+}
+
 // TrainFLOPs of a GPT model with full recomputation is the Megatron-LM
 // formula (Narayanan et al. 2021, equation 3) exactly, and without it the
 // 72·B·s·l·h²(1 + s/6h + V/12lh) of model FLOPs.

@@ -19,8 +19,9 @@ import (
 // that turns 250 milli of fragment into use scores 0.75.
 type FragScore struct {
 	// Target is the workload fragmentation is measured against; nil means
-	// DefaultFragTarget. Build it from the requests a cluster sees with
-	// FragTarget.
+	// the default target: whole GPUs (40%), halves (30%), quarters (20%)
+	// and eighths (10%) of a GPU, the splits that time-slicing and MPS
+	// setups commonly use, without CPU or memory demands.
 	Target *frag.Workload
 }
 
@@ -29,57 +30,14 @@ type FragScore struct {
 // how full two nodes would be (PackScore, weight 2).
 const FragScoreWeight = 8
 
-// defaultFragTarget is built once; a Workload is read-only once built.
+// defaultFragTarget is FragScore's target when it is given none; it is
+// built once, and a Workload is read-only once built.
 var defaultFragTarget = frag.NewWorkload([]frag.Shape{
 	{Task: frag.Task{GPUs: 1, GPUMilli: 1000}, Weight: 4},
 	{Task: frag.Task{GPUs: 1, GPUMilli: 500}, Weight: 3},
 	{Task: frag.Task{GPUs: 1, GPUMilli: 250}, Weight: 2},
 	{Task: frag.Task{GPUs: 1, GPUMilli: 125}, Weight: 1},
 })
-
-// DefaultFragTarget is the workload FragScore measures against when it is
-// given none: whole GPUs (40%), halves (30%), quarters (20%) and eighths
-// (10%) of a GPU, the splits that time-slicing and MPS setups commonly
-// use, without CPU or memory demands.
-func DefaultFragTarget() *frag.Workload { return defaultFragTarget }
-
-// FragTarget builds a target workload from requests (for instance the ones
-// a cluster served lately): the most popular shapes (GPU count, share, CPU
-// and host memory) that cover the given share of them, as FGD does with
-// 0.95. MIG requests are left out; model constraints are not kept, as
-// sched matches models by name rather than by equality.
-func FragTarget(reqs []Request, coverage float64) *frag.Workload {
-	tasks := make([]frag.Task, 0, len(reqs))
-	for i := range reqs {
-		r := &reqs[i]
-		t := frag.Task{CPU: r.CPUMilli, Memory: int64(r.MemoryBytes >> 20)}
-		switch r.Kind() {
-		case KindWhole:
-			t.GPUs, t.GPUMilli = r.GPUs, frag.MilliPerGPU
-		case KindFraction:
-			t.GPUs, t.GPUMilli = 1, int32(r.GPUMilli)
-		case KindMIG:
-			continue
-		}
-		tasks = append(tasks, t)
-	}
-	if len(tasks) == 0 {
-		return DefaultFragTarget()
-	}
-	w := frag.TargetWorkload(tasks, coverage, frag.ByCount)
-	// TargetWorkload keys shapes without memory; keep the memory of the
-	// first request of each shape so that memory-starved nodes count.
-	for i := range w.Shapes {
-		s := &w.Shapes[i]
-		for _, t := range tasks {
-			if t.CPU == s.CPU && t.GPUs == s.GPUs && t.GPUMilli == s.GPUMilli {
-				s.Memory = t.Memory
-				break
-			}
-		}
-	}
-	return w
-}
 
 // Name implements Plugin.
 func (FragScore) Name() string { return "frag" }

@@ -170,25 +170,3 @@ func TestFragScoreAloneFollowsFGD(t *testing.T) {
 		}
 	}
 }
-
-func TestFragTarget(t *testing.T) {
-	var reqs []Request
-	for i := 0; i < 6; i++ {
-		reqs = append(reqs, Request{ID: fmt.Sprint("h", i), GPUMilli: 500, CPUMilli: 4000, MemoryBytes: 8 << 30})
-	}
-	for i := 0; i < 3; i++ {
-		reqs = append(reqs, Request{ID: fmt.Sprint("w", i), GPUs: 1, CPUMilli: 8000})
-	}
-	reqs = append(reqs, Request{ID: "m", MIGProfile: "1g.10gb"})
-	w := FragTarget(reqs, 0.95)
-	if len(w.Shapes) != 2 {
-		t.Fatalf("shapes %v, want 2", w.Shapes)
-	}
-	h := w.Shapes[0]
-	if h.GPUMilli != 500 || h.CPU != 4000 || h.Memory != 8192 || h.Weight != 6.0/9 {
-		t.Errorf("first shape %+v, want 500 milli, 4 cores, 8 GiB, weight 2/3", h)
-	}
-	if FragTarget(nil, 0.95) != DefaultFragTarget() {
-		t.Error("no requests should give the default target")
-	}
-}

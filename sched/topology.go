@@ -22,10 +22,6 @@ const (
 	TierUnknown
 )
 
-func (t Tier) String() string {
-	return [...]string{"fabric", "pcie-switch", "host-bridge", "numa", "system", "unknown"}[t]
-}
-
 // TierOfRank maps a topo rank to its tier.
 func TierOfRank(rank int) Tier {
 	switch {

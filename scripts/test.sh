@@ -4,6 +4,9 @@
 # there already; gcc is needed for the race detector and the NVML binding,
 # docker-registry for the compat and container tests, containerd and runc
 # for the container executor's tests).
+# Here a test that needs a program from outside fails when it is missing
+# (KILN_REQUIRE_TOOLS=1, package testenv), where a plain `go test ./...`
+# skips it with how to install it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +20,10 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 # runc, started by the tests with their own root, state and socket.
 [ -x /usr/bin/containerd ] || need_apt+=(containerd)
 [ -x /usr/sbin/runc ] || need_apt+=(runc)
+# The AMD code reader's tests check it against clang-offload-bundler, llc,
+# clang and lld from Debian's LLVM 15.
+[ -x /usr/bin/clang-offload-bundler-15 ] && [ -x /usr/bin/llc-15 ] || need_apt+=(clang-tools-15 llvm-15)
+[ -x /usr/bin/clang-15 ] && [ -x /usr/bin/ld.lld-15 ] || need_apt+=(clang-15 lld-15)
 if [ ${#need_apt[@]} -gt 0 ]; then
 	echo "installing ${need_apt[*]}"
 	if [ "$(id -u)" = 0 ]; then
@@ -34,6 +41,9 @@ fi
 # build output readable.
 export CGO_ENABLED=1
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
+# A test that needs a program from outside fails here when it is missing,
+# instead of skipping (package testenv).
+export KILN_REQUIRE_TOOLS=1
 
 go mod download
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -42,7 +52,16 @@ if [ -n "$unformatted" ]; then
 	echo "$unformatted" >&2
 	exit 1
 fi
-go vet ./...
+# The end-to-end tests that run for seconds are tagged e2e (a plain go test
+# leaves them out); here every tool and test sees them.
+go vet -tags e2e ./...
+# staticcheck and deadcode, at pinned versions (scripts/lint.sh lists the
+# findings alone).
+scripts/lint.sh
+# The API description against Redocly's recommended rules, and a client
+# generated from it by oapi-codegen against a real server (tools pinned,
+# cached outside the repository).
+scripts/openapi.sh
 # go test prints why a test skipped only with -v: say here whether the
 # container tests can run on this machine, and if not, why.
 go test -count=1 -run '^TestContainerSupport$' -v ./executor/containerd | grep -E -- '^(---|\s)' || true
@@ -58,7 +77,7 @@ export KILN_REALBIN="${KILN_REALBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/
 # cached by version, about 13 minutes cold on 2 cores, under a minute warm).
 KILN_KUBE_BIN="$(scripts/kube.sh)"
 export KILN_KUBE_BIN
-go test -race -count=1 ./...
+go test -race -count=1 -tags e2e ./...
 # The lease benchmark, small (100 agents, 200 grants), so that its agent
 # process and both of its runs keep working; the figures come from the
 # full run in the README.

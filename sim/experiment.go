@@ -154,10 +154,9 @@ func policySalt(name string) uint64 {
 // to the bucket its arrived percentage rounds to (half to even), and a
 // bucket with no event borrows the events of its neighbours.
 type curve struct {
-	capacityGPUs float64
-	n            []int
-	alloc, frag  []float64
-	unalloc      []float64
+	n           []int
+	alloc, frag []float64
+	unalloc     []float64
 }
 
 func newCurve(pctMax int) *curve {

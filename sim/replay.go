@@ -114,15 +114,14 @@ func (p *prepared) replay(ctx context.Context, name string, seed int64, arrivals
 	e := &env{c: c, rng: rand.New(rand.NewPCG(uint64(seed), policySalt(name))), shapes: p.shapes, memShapes: p.memShapes, target: p.target, tasks: Tasks(p.trace.Pods)}
 	pol := newPolicy(name, e)
 	empty := newCluster(p.trace.Nodes, p.target)
-	everFits := map[int]bool{}
+	everFits := map[int]bool{} // by task shape
 	fitsEmpty := func(t *task) bool {
-		key := t.shape<<1 | 0
-		if v, ok := everFits[key]; ok && t.Memory == 0 {
+		if v, ok := everFits[t.shape]; ok && t.Memory == 0 {
 			return v
 		}
 		for i := range empty.nodes {
 			if empty.fits(i, t) {
-				everFits[key] = true
+				everFits[t.shape] = true
 				return true
 			}
 		}

@@ -1,18 +1,11 @@
 package snapshot
 
 import (
-	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 )
-
-//go:embed schema.json
-var schemaJSON []byte
-
-// JSONSchema returns the JSON Schema of the Snapshot model (draft 2020-12).
-func JSONSchema() []byte { return schemaJSON }
 
 // Decode reads one Snapshot in JSON. It refuses a snapshot written by a
 // newer schema than this kiln knows, and unknown fields, so that a typo in a

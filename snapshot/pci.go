@@ -63,15 +63,5 @@ func isCanonical(s string) bool {
 	return s[8] <= '1' && s[11] <= '7'
 }
 
-// MustCanonicalPCI is CanonicalPCI for addresses known to be valid (tests,
-// constants). It panics on a bad address.
-func MustCanonicalPCI(s string) string {
-	a, err := CanonicalPCI(s)
-	if err != nil {
-		panic(err)
-	}
-	return a
-}
-
 // Ptr returns a pointer to v; sources use it to set optional fields.
 func Ptr[T any](v T) *T { return &v }

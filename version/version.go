@@ -94,19 +94,6 @@ func (v V) Field(i int) uint64 {
 	return v.fields[i]
 }
 
-// String writes the version's numbers back, dot-separated, without the
-// prefix, the suffix or leading zeros ("R535.54.03-1" -> "535.54.3").
-func (v V) String() string {
-	if len(v.fields) == 0 {
-		return "0"
-	}
-	parts := make([]string, len(v.fields))
-	for i, x := range v.fields {
-		parts[i] = strconv.FormatUint(x, 10)
-	}
-	return strings.Join(parts, ".")
-}
-
 // Compare compares two version texts: c is -1, 0 or +1 as a is older than,
 // the same as or newer than b, and known is false (c 0) when either does
 // not parse.

@@ -85,7 +85,7 @@ func main() {
 	if err := run("", nil, "go", "build", "-o", kiln, "./cmd/kiln"); err != nil {
 		fail(fmt.Errorf("building kiln: %w", err))
 	}
-	reg, err := imagetest.StartRegistry(filepath.Join(dir, "registry"))
+	reg, err := imagetest.StartRegistry("", filepath.Join(dir, "registry"))
 	if err != nil {
 		fail(err)
 	}

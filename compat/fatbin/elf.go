@@ -71,15 +71,6 @@ func (sc *Scanner) variantOf(s *stream, h entryHeader, next int64) string {
 	return v
 }
 
-// Scan reads an ELF file of size bytes (-1 when unknown) from r to its end
-// and lists the code in its .nv_fatbin section. Memory use is bounded by a
-// fixed buffer and the section header table (at most 4 MiB), whatever the
-// file's size.
-func Scan(r io.Reader, size int64) (*ELFResult, error) {
-	var s Scanner
-	return s.Scan(r, size)
-}
-
 type stream struct {
 	br   *bufio.Reader
 	size int // the buffer's size
@@ -129,7 +120,10 @@ func (s *stream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Scan is Scan with the scanner's buffer.
+// Scan reads an ELF file of size bytes (-1 when unknown) from r to its end
+// and lists the code in its .nv_fatbin section. Memory use is bounded by a
+// fixed buffer and the section header table (at most 4 MiB), whatever the
+// file's size.
 func (sc *Scanner) Scan(r io.Reader, size int64) (*ELFResult, error) {
 	// Small files get a small buffer; the buffer grows once for a big one.
 	need := bufSize

@@ -241,15 +241,6 @@ func (r *Result) String() string {
 	return strings.Join(parts, " ")
 }
 
-// ArchName writes an architecture number the way nvcc names it: 80 ->
-// "sm_80", and for PTX "compute_80".
-func ArchName(arch int, ptx bool) string {
-	if ptx {
-		return fmt.Sprintf("compute_%d", arch)
-	}
-	return fmt.Sprintf("sm_%d", arch)
-}
-
 // CC writes an architecture number as a compute capability: 86 -> "8.6",
 // 100 -> "10.0", 120 -> "12.0".
 func CC(arch int) string { return fmt.Sprintf("%d.%d", arch/10, arch%10) }

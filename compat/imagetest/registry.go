@@ -16,10 +16,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kiln.dev/kiln/testenv"
 )
 
 // RegistryBinary is Debian's CNCF distribution registry (package docker-registry).
 const RegistryBinary = "/usr/bin/docker-registry"
+
+// RegistryHint says how to get RegistryBinary.
+const RegistryHint = "apt-get install docker-registry (Debian's CNCF distribution registry; scripts/test.sh installs it)"
 
 // Registry is a running docker-registry on a loopback port.
 type Registry struct {
@@ -30,11 +35,15 @@ type Registry struct {
 	done chan error
 }
 
-// StartRegistry starts docker-registry with its storage in dir, listening
-// on a free loopback port, and waits until it answers.
-func StartRegistry(dir string) (*Registry, error) {
-	if _, err := os.Stat(RegistryBinary); err != nil {
-		return nil, fmt.Errorf("%s not found: run scripts/test.sh, which installs Debian's docker-registry package (apt-get install docker-registry): %w", RegistryBinary, err)
+// StartRegistry starts the docker-registry program bin (RegistryBinary
+// when "") with its storage in dir, listening on a free loopback port, and
+// waits until it answers.
+func StartRegistry(bin, dir string) (*Registry, error) {
+	if bin == "" {
+		bin = RegistryBinary
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("%s not found: %s: %w", bin, RegistryHint, err)
 	}
 	port, err := freePort()
 	if err != nil {
@@ -66,11 +75,11 @@ http:
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(RegistryBinary, "serve", cfgPath)
+	cmd := exec.Command(bin, "serve", cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("starting %s: %w", RegistryBinary, err)
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
 	r := &Registry{Host: host, cmd: cmd, dir: dir, done: make(chan error, 1)}
 	go func() { r.done <- cmd.Wait(); logf.Close() }()
@@ -110,16 +119,24 @@ func (r *Registry) Stop() {
 	}
 }
 
-// Registry starts a registry for one test and stops it when the test ends.
-// Without the docker-registry binary the test fails, saying how to get it.
+// NewTestRegistry starts a registry for one test and stops it when the
+// test ends. Without the docker-registry program the test skips, saying how
+// to get it (fails with KILN_REQUIRE_TOOLS=1; see package testenv).
 func NewTestRegistry(t testing.TB) *Registry {
 	t.Helper()
-	r, err := StartRegistry(t.TempDir())
+	r, err := StartRegistry(NeedRegistry(t), t.TempDir())
 	if err != nil {
 		t.Fatalf("compat integration tests need a real registry: %v", err)
 	}
 	t.Cleanup(r.Stop)
 	return r
+}
+
+// NeedRegistry returns the path of the docker-registry program, or skips t
+// (fails it with KILN_REQUIRE_TOOLS=1) with the hint to install it.
+func NeedRegistry(t testing.TB) string {
+	t.Helper()
+	return testenv.Need(t, "docker-registry", RegistryHint)
 }
 
 func freePort() (int, error) {

@@ -9,10 +9,19 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"kiln.dev/kiln/testenv"
 )
 
-// These tests check the reader against LLVM's own tools when they are
-// installed (Debian: clang-15, clang-tools-15, lld-15); they skip otherwise.
+// These tests check the reader against LLVM's own tools (Debian: clang-15,
+// clang-tools-15, llvm-15, lld-15). Without them they skip with how to
+// install them, or fail with KILN_REQUIRE_TOOLS=1 (package testenv).
+
+// Install hints for the LLVM tools the tests run.
+const (
+	bundlerHint = "apt-get install clang-tools-15 llvm-15 (clang-offload-bundler and llc)"
+	clangHint   = "apt-get install clang-15 lld-15"
+)
 
 // lookTool finds the first of names on PATH or in LLVM's versioned
 // directories.
@@ -29,6 +38,16 @@ func lookTool(names ...string) string {
 		}
 	}
 	return ""
+}
+
+// needTool finds the first of names as lookTool does; when none is there
+// the test skips with hint, or fails with KILN_REQUIRE_TOOLS=1.
+func needTool(t *testing.T, hint string, names ...string) string {
+	t.Helper()
+	if p := lookTool(names...); p != "" {
+		return p
+	}
+	return testenv.Need(t, names[0], hint)
 }
 
 func run(t *testing.T, dir, name string, args ...string) string {
@@ -60,11 +79,8 @@ var llvmTargets = []struct {
 }
 
 func TestAgainstClangOffloadBundler(t *testing.T) {
-	bundler := lookTool("clang-offload-bundler-15", "clang-offload-bundler")
-	llc := lookTool("llc-15", "llc")
-	if bundler == "" || llc == "" {
-		t.Skip("clang-offload-bundler or llc not installed")
-	}
+	bundler := needTool(t, bundlerHint, "clang-offload-bundler-15", "clang-offload-bundler")
+	llc := needTool(t, bundlerHint, "llc-15", "llc")
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "k.ll"), []byte(kernelIR), 0o644); err != nil {
 		t.Fatal(err)
@@ -139,11 +155,9 @@ func TestAgainstClangOffloadBundler(t *testing.T) {
 }
 
 func TestAgainstClangHIP(t *testing.T) {
-	clang := lookTool("clang-15", "clang")
-	lld := lookTool("ld.lld-15", "ld.lld")
-	if clang == "" || lld == "" || lookTool("lld") == "" {
-		t.Skip("clang and lld not installed")
-	}
+	clang := needTool(t, clangHint, "clang-15", "clang")
+	lld := needTool(t, clangHint, "ld.lld-15", "ld.lld")
+	needTool(t, clangHint, "lld")
 	dir := t.TempDir()
 	// Enough of the HIP runtime's declarations for clang to emit a
 	// kernel launch stub; nothing is linked against them.

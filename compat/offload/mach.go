@@ -169,17 +169,6 @@ func ProcessorName(machValue uint8) string {
 	return fmt.Sprintf("unknown-mach-0x%02x", machValue)
 }
 
-// KnownProcessor reports whether p is a processor of the EF_AMDGPU_MACH
-// table.
-func KnownProcessor(p string) bool { return machByName[p] != nil }
-
-// IsGeneric reports whether p is a generic target (gfx9-generic ...).
-func IsGeneric(p string) bool { return genericMembers[p] != nil }
-
-// GenericMembers returns the processors a generic target runs on, nil for a
-// processor that is not generic.
-func GenericMembers(p string) []string { return slices.Clone(genericMembers[p]) }
-
 // supports reports whether processor p supports feature f; known is false
 // when kiln's table does not have p or f is not xnack or sramecc.
 func supports(p, f string) (ok, known bool) {

@@ -32,21 +32,6 @@ type Scanner struct {
 	scratch [maxIDLen]byte
 }
 
-// Scan reads a file of size bytes (-1 when unknown) from r to its end and
-// lists the AMD GPU targets in it: those of the offload bundles in its
-// .hip_fatbin section, or the file's own when it is an AMDGPU code object.
-// Memory use is bounded by fixed buffers, the section header table (at most
-// 4 MiB) and a 2 MiB decompression window, whatever the file's size.
-//
-// When the section table cannot be read from the stream, bundles are kept
-// anywhere in the file on the strength of their headers. A file that is a
-// bare bundle (a .hipfb file) is read too. For other input Scan returns
-// ErrNotELF at once.
-func Scan(r io.Reader, size int64) (*Result, error) {
-	var s Scanner
-	return s.Scan(r, size)
-}
-
 type stream struct {
 	br   *bufio.Reader
 	size int // the buffer's size
@@ -153,7 +138,16 @@ type candidate struct {
 	weak bool
 }
 
-// Scan is Scan with the scanner's buffers.
+// Scan reads a file of size bytes (-1 when unknown) from r to its end and
+// lists the AMD GPU targets in it: those of the offload bundles in its
+// .hip_fatbin section, or the file's own when it is an AMDGPU code object.
+// Memory use is bounded by fixed buffers, the section header table (at most
+// 4 MiB) and a 2 MiB decompression window, whatever the file's size.
+//
+// When the section table cannot be read from the stream, bundles are kept
+// anywhere in the file on the strength of their headers. A file that is a
+// bare bundle (a .hipfb file) is read too. For other input Scan returns
+// ErrNotELF at once.
 func (sc *Scanner) Scan(r io.Reader, size int64) (*Result, error) {
 	// Small files get a small buffer; the buffer grows once for a big one.
 	need := bufSize

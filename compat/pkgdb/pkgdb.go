@@ -3,7 +3,9 @@
 // apk and rpm databases, CUDA's version.json / version.txt, ROCm's
 // .info/version files, and os-release.
 //
-// It only parses: every function works on the bytes it is given. A version
+// It parses the bytes it is given, but for rpm's SQLite backend, which it
+// copies to a temporary file to open with SQLite (so it is not one of the
+// analysis packages that do no I/O; docs/architecture.md). A version
 // kiln reports is a release number ("12.4.1", "6.2.0", "5.2"), never a
 // build id: fields that look like build numbers (HIP's 41133, CUDA's
 // 20220929 or 89, a minor of 100 or more) are dropped or rejected, and

@@ -31,6 +31,7 @@ import (
 	"kiln.dev/kiln/dra/plugin"
 	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/source"
+	"kiln.dev/kiln/version"
 )
 
 var (
@@ -416,19 +417,15 @@ func TestSchedulerCUDAVersion(t *testing.T) {
 		}
 		d := device(t, p.Spec.NodeName, devicesOf(cl, dra.DriverName)[0])
 		v := d.Attributes[dra.AttrCUDADriverVersion].VersionValue
-		if v == nil || !versionAtLeast(*v, 12, 4) {
-			t.Errorf("%s/%s runs CUDA %v", p.Spec.NodeName, d.Name, v)
+		if v == nil {
+			t.Errorf("%s/%s has no CUDA version", p.Spec.NodeName, d.Name)
+		} else if ok, _ := version.AtLeast(*v, "12.4"); !ok {
+			t.Errorf("%s/%s runs CUDA %s", p.Spec.NodeName, d.Name, *v)
 		}
 	}
 	if p, _ := schedule(t, claim, "hgx-h100-sysfs", 3*time.Second); p != nil {
 		t.Errorf("bound on a node whose driver runs CUDA 12.2")
 	}
-}
-
-func versionAtLeast(v string, major, minor int) bool {
-	var a, b, c int
-	fmt.Sscanf(v, "%d.%d.%d", &a, &b, &c)
-	return a > major || (a == major && b >= minor)
 }
 
 func TestSchedulerGPUAndNICUnderOneRoot(t *testing.T) {

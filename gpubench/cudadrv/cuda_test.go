@@ -13,15 +13,13 @@ import (
 	"testing"
 
 	"kiln.dev/kiln/gpubench"
+	"kiln.dev/kiln/testenv"
 )
 
 // fakeLibrary builds testdata/fakecuda.c into a shared object.
 func fakeLibrary(t *testing.T) string {
 	t.Helper()
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed: cannot build the fake libcuda")
-	}
+	cc := testenv.Need(t, "gcc", "apt-get install gcc libc6-dev (it builds the fake library)")
 	out := filepath.Join(t.TempDir(), "libcuda-fake.so")
 	cmd := exec.Command(cc, "-shared", "-fPIC", "-pthread", "-O1", "-o", out, "testdata/fakecuda.c")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -12,14 +12,12 @@ import (
 	"testing"
 
 	"kiln.dev/kiln/gpubench"
+	"kiln.dev/kiln/testenv"
 )
 
 func fakeLibrary(t *testing.T) string {
 	t.Helper()
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed: cannot build the fake libamdhip64")
-	}
+	cc := testenv.Need(t, "gcc", "apt-get install gcc libc6-dev (it builds the fake library)")
 	out := filepath.Join(t.TempDir(), "libamdhip64-fake.so")
 	if b, err := exec.Command(cc, "-shared", "-fPIC", "-pthread", "-O1", "-o", out, "testdata/fakehip.c").CombinedOutput(); err != nil {
 		t.Fatalf("building the fake libamdhip64: %v\n%s", err, b)

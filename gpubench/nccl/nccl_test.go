@@ -13,15 +13,13 @@ import (
 
 	"kiln.dev/kiln/gpubench"
 	"kiln.dev/kiln/gpubench/cudadrv"
+	"kiln.dev/kiln/testenv"
 )
 
 // fakeLibrary builds the fake libcuda and the fake NCCL into one library.
 func fakeLibrary(t *testing.T) string {
 	t.Helper()
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed: cannot build the fake libraries")
-	}
+	cc := testenv.Need(t, "gcc", "apt-get install gcc libc6-dev (it builds the fake library)")
 	out := filepath.Join(t.TempDir(), "libfake-cuda-nccl.so")
 	if b, err := exec.Command(cc, "-shared", "-fPIC", "-pthread", "-O1", "-o", out, "../cudadrv/testdata/fakecuda.c", "testdata/fakenccl.c").CombinedOutput(); err != nil {
 		t.Fatalf("building the fake libraries: %v\n%s", err, b)

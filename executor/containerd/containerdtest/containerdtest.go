@@ -5,8 +5,9 @@
 // static Go programs.
 //
 // Where the machine cannot run containers (no root, no cgroups, no
-// namespaces, a missing package) the test is skipped and the reason is
-// printed, so CI output says why.
+// namespaces) the test is skipped and the reason is printed, so CI output
+// says why. A missing package skips with how to install it, or fails where
+// KILN_REQUIRE_TOOLS=1 (package testenv), as scripts/test.sh sets it.
 package containerdtest
 
 import (
@@ -26,51 +27,53 @@ import (
 
 	client "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-)
 
-// sbinPath is added to PATH: Debian installs runc in /usr/sbin, which a
-// non-login shell may lack.
-const sbinPath = "/usr/local/sbin:/usr/sbin:/sbin"
+	"kiln.dev/kiln/testenv"
+)
 
 // Packages is what scripts/test.sh installs for these tests.
 const Packages = "containerd runc docker-registry"
 
-func lookPath(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	for _, dir := range strings.Split(sbinPath, ":") {
-		p := filepath.Join(dir, name)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found in PATH or %s (Debian packages: %s)", name, sbinPath, Packages)
-}
+// hint says how to get the programs these tests run.
+const hint = "apt-get install " + Packages + " (scripts/test.sh installs them)"
+
+// programs are what a container test runs: containerd, its runc shim,
+// runc, and docker-registry to pull images from.
+var programs = []string{"containerd", "containerd-shim-runc-v2", "runc", "docker-registry"}
 
 // Unsupported says why this machine cannot run containers, or "" when it
 // can: it checks the operating system, root, the programs (containerd,
 // its runc shim, runc, docker-registry), cgroups and namespaces, in that
 // order.
 func Unsupported() string {
+	if reason := hostUnsupported(); reason != "" {
+		return reason
+	}
+	for _, bin := range programs {
+		if _, err := testenv.Look(bin); err != nil {
+			return fmt.Sprintf("%v (Debian packages: %s)", err, Packages)
+		}
+	}
+	return kernelUnsupported()
+}
+
+// hostUnsupported checks the operating system and root.
+func hostUnsupported() string {
 	if runtime.GOOS != "linux" {
 		return "containers need Linux, this is " + runtime.GOOS
 	}
 	if uid := os.Geteuid(); uid != 0 {
 		return fmt.Sprintf("containerd needs root, tests run as uid %d", uid)
 	}
-	for _, bin := range []string{"containerd", "containerd-shim-runc-v2", "runc", "docker-registry"} {
-		if _, err := lookPath(bin); err != nil {
-			return err.Error()
-		}
-	}
+	return ""
+}
+
+// kernelUnsupported checks cgroups and namespaces.
+func kernelUnsupported() string {
 	if reason := cgroupProbe(); reason != "" {
 		return reason
 	}
-	if reason := namespaceProbe(); reason != "" {
-		return reason
-	}
-	return ""
+	return namespaceProbe()
 }
 
 // cgroupProbe creates and removes one cgroup.
@@ -126,10 +129,19 @@ type Daemon struct {
 // with the reason, where containers cannot run.
 func Start(t testing.TB) *Daemon {
 	t.Helper()
-	if reason := Unsupported(); reason != "" {
+	// Not being root or lacking cgroups is the machine's nature and skips;
+	// a missing program is a missing package: it skips with the hint, and
+	// fails where KILN_REQUIRE_TOOLS=1 (package testenv).
+	if reason := hostUnsupported(); reason != "" {
 		t.Skipf("skipping container test: %s", reason)
 	}
-	bin, _ := lookPath("containerd")
+	for _, p := range programs {
+		testenv.Need(t, p, hint)
+	}
+	if reason := kernelUnsupported(); reason != "" {
+		t.Skipf("skipping container test: %s", reason)
+	}
+	bin := testenv.Need(t, "containerd", hint)
 	// Socket paths are limited to 108 bytes: keep the directory short.
 	dir, err := os.MkdirTemp("", "kiln-ctd-")
 	if err != nil {
@@ -161,7 +173,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 	}
 	d.cmd = exec.Command(bin, "--config", cfgPath)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	d.cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":"+sbinPath)
+	// Debian installs runc in /usr/sbin, which a non-login shell's PATH may
+	// lack: containerd looks for it on PATH.
+	d.cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":"+strings.Join(testenv.SbinDirs, ":"))
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
 		logf.Close()
@@ -320,13 +334,11 @@ type Registry struct {
 }
 
 // StartRegistry starts Debian's docker-registry for t, storing images in a
-// temporary directory; t is skipped, with the reason, when it is missing.
+// temporary directory; t is skipped, with the hint, when it is missing
+// (fails with KILN_REQUIRE_TOOLS=1).
 func StartRegistry(t testing.TB) *Registry {
 	t.Helper()
-	bin, err := lookPath("docker-registry")
-	if err != nil {
-		t.Skipf("skipping container test: %v", err)
-	}
+	bin := testenv.Need(t, "docker-registry", hint)
 	dir := t.TempDir()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

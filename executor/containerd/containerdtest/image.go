@@ -25,7 +25,8 @@ func BuildStatic(t testing.TB, dir string) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		// go test puts its own toolchain first on PATH.
+		t.Fatalf("building %s: the go command is not on PATH: %v", dir, err)
 	}
 	out := filepath.Join(t.TempDir(), filepath.Base(dir))
 	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, ".")
