@@ -118,7 +118,7 @@ func (t *Tx) PutProject(p api.Project) error {
 	if p.PeriodSeconds <= 0 {
 		p.PeriodSeconds = 30 * 24 * 3600
 	}
-	limits, err := json.Marshal(p.Limits)
+	limits, err := json.Marshal(limitsToRow(p.Limits))
 	if err != nil {
 		return err
 	}
@@ -141,10 +141,12 @@ func (t *Tx) Projects() ([]api.Project, error) {
 			rows.Close()
 			return nil, err
 		}
-		if err := json.Unmarshal([]byte(limits), &p.Limits); err != nil {
+		var lr limitsRow
+		if err := json.Unmarshal([]byte(limits), &lr); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("project %s: limits: %w", p.Name, err)
 		}
+		p.Limits = limitsFromRow(lr)
 		out = append(out, p)
 	}
 	rows.Close()

@@ -11,26 +11,18 @@ import (
 	"kiln.dev/kiln/snapshot"
 )
 
-// NodeRecord is a node as stored: the API view, its last snapshot, the
-// fingerprint of the certificate it joined with and of the key that first
-// joined it (the name is bound to that key until an admin replaces it).
+// NodeRecord is a node as the store keeps it: the API view, its last
+// snapshot, the fingerprint of the certificate it joined with and of the
+// key that first joined it (the name is bound to that key until an admin
+// replaces it). It is stored as a nodeRow.
 type NodeRecord struct {
-	Node       api.Node           `json:"node"`
-	Snapshot   *snapshot.Snapshot `json:"snapshot,omitempty"`
-	CertSHA256 string             `json:"cert_sha256"`
-	KeySHA256  string             `json:"key_sha256,omitempty"`
+	Node       api.Node
+	Snapshot   *snapshot.Snapshot
+	CertSHA256 string
+	KeySHA256  string
 	// Replacing is set by an admin: the next join with a valid token may
 	// bind the name to a new key.
-	Replacing bool `json:"replacing,omitempty"`
-}
-
-// PutNode writes a node.
-func (t *Tx) PutNode(r NodeRecord) error {
-	args, err := nodeArgs(r)
-	if err != nil {
-		return err
-	}
-	return t.exec(writeSQL[stmtPutNode], args...)
+	Replacing bool
 }
 
 // DeleteNode removes a node and its devices' states.
@@ -39,11 +31,6 @@ func (t *Tx) DeleteNode(id string) error {
 		return err
 	}
 	return t.exec(`DELETE FROM nodes WHERE id=?`, id)
-}
-
-// SetNodeState changes only a node's state.
-func (t *Tx) SetNodeState(id, state string) error {
-	return t.exec(`UPDATE nodes SET state=?, data=json_set(data,'$.node.state',?), updated_at=? WHERE id=?`, state, state, timeText(time.Now()), id)
 }
 
 // Nodes reads every node.
@@ -59,11 +46,11 @@ func (t *Tx) Nodes() ([]NodeRecord, error) {
 		if err := rows.Scan(&data); err != nil {
 			return nil, err
 		}
-		var r NodeRecord
+		var r nodeRow
 		if err := json.Unmarshal([]byte(data), &r); err != nil {
 			return nil, fmt.Errorf("node row: %w", err)
 		}
-		out = append(out, r)
+		out = append(out, nodeFromRow(r))
 	}
 	return out, rows.Err()
 }
@@ -73,11 +60,6 @@ func (t *Tx) Nodes() ([]NodeRecord, error) {
 type DeviceState struct {
 	Drained bool
 	Reason  string
-}
-
-// PutDevice writes a device's drain state.
-func (t *Tx) PutDevice(node, id string, st DeviceState) error {
-	return t.exec(writeSQL[stmtPutDevice], deviceArgs(node, id, st)...)
 }
 
 // Devices reads the drain states of a node's devices.
@@ -99,15 +81,6 @@ func (t *Tx) Devices(node string) (map[string]DeviceState, error) {
 	return out, rows.Err()
 }
 
-// PutLease writes a lease.
-func (t *Tx) PutLease(l *api.Lease) error {
-	args, err := leaseArgs(l)
-	if err != nil {
-		return err
-	}
-	return t.exec(writeSQL[stmtPutLease], args...)
-}
-
 // Lease reads one lease.
 func (t *Tx) Lease(id string) (*api.Lease, error) {
 	var data string
@@ -118,8 +91,11 @@ func (t *Tx) Lease(id string) (*api.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	var l api.Lease
-	return &l, json.Unmarshal([]byte(data), &l)
+	l, err := decodeLease(data)
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: %w", id, err)
+	}
+	return l, nil
 }
 
 // LeaseFilter selects leases.
@@ -151,11 +127,11 @@ func (t *Tx) Leases(f LeaseFilter) ([]*api.Lease, error) {
 		if err := rows.Scan(&data); err != nil {
 			return nil, err
 		}
-		var l api.Lease
-		if err := json.Unmarshal([]byte(data), &l); err != nil {
-			return nil, fmt.Errorf("lease row: %w", err)
+		l, err := decodeLease(data)
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, &l)
+		out = append(out, l)
 	}
 	return out, rows.Err()
 }
@@ -175,15 +151,6 @@ func inClause(q string, args []any, col string, vals []string) (string, []any) {
 	return q + ")", args
 }
 
-// PutJob writes a job.
-func (t *Tx) PutJob(j *api.Job) error {
-	args, err := jobArgs(j)
-	if err != nil {
-		return err
-	}
-	return t.exec(writeSQL[stmtPutJob], args...)
-}
-
 // Job reads one job.
 func (t *Tx) Job(id string) (*api.Job, error) {
 	var data string
@@ -194,8 +161,11 @@ func (t *Tx) Job(id string) (*api.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	var j api.Job
-	return &j, json.Unmarshal([]byte(data), &j)
+	j, err := decodeJob(data)
+	if err != nil {
+		return nil, fmt.Errorf("job %s: %w", id, err)
+	}
+	return j, nil
 }
 
 // Jobs lists jobs in the given states (all when none).
@@ -212,16 +182,34 @@ func (t *Tx) Jobs(states ...string) ([]*api.Job, error) {
 		if err := rows.Scan(&data); err != nil {
 			return nil, err
 		}
-		var j api.Job
-		if err := json.Unmarshal([]byte(data), &j); err != nil {
-			return nil, fmt.Errorf("job row: %w", err)
+		j, err := decodeJob(data)
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, &j)
+		out = append(out, j)
 	}
 	return out, rows.Err()
 }
 
-// JobProjects maps every job to its project.
+// decodeLease reads a leaseRow.
+func decodeLease(data string) (*api.Lease, error) {
+	var r leaseRow
+	if err := json.Unmarshal([]byte(data), &r); err != nil {
+		return nil, fmt.Errorf("lease row: %w", err)
+	}
+	return leaseFromRow(r), nil
+}
+
+// decodeJob reads a jobRow.
+func decodeJob(data string) (*api.Job, error) {
+	var r jobRow
+	if err := json.Unmarshal([]byte(data), &r); err != nil {
+		return nil, fmt.Errorf("job row: %w", err)
+	}
+	return jobFromRow(r), nil
+}
+
+// JobProjects maps every job to its project (the "project" of jobRow).
 func (t *Tx) JobProjects() (map[string]string, error) {
 	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, COALESCE(json_extract(data,'$.project'),'') FROM jobs`)
 	if err != nil {
@@ -237,11 +225,6 @@ func (t *Tx) JobProjects() (map[string]string, error) {
 		out[id] = p
 	}
 	return out, rows.Err()
-}
-
-// AddUsage adds GPU-seconds to a project's usage in a period.
-func (t *Tx) AddUsage(project string, periodStart time.Time, gpuSeconds float64) error {
-	return t.exec(writeSQL[stmtAddUsage], project, timeText(periodStart), gpuSeconds)
 }
 
 // Usage returns a project's GPU-seconds in a period.

@@ -90,7 +90,7 @@ CREATE TABLE events (
 	message TEXT NOT NULL
 );
 CREATE INDEX events_project ON events(project, seq);`,
-	// 2: per-project limits (JSON, api.Limits).
+	// 2: per-project limits (JSON, a limitsRow).
 	`ALTER TABLE projects ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';`,
 	// 3: join tokens with a number of uses, revocable.
 	`ALTER TABLE join_tokens ADD COLUMN uses INTEGER NOT NULL DEFAULT 1;

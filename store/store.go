@@ -4,6 +4,10 @@
 // jobs, per-project usage and an event log. The server keeps its working
 // state in memory, encodes its changes into Writes and has Apply write
 // those of many requests in one transaction before it answers them.
+//
+// What is kept as JSON (leases, jobs, nodes, project limits) is kept as
+// the store's own row types, mapped to and from package api field by
+// field: the API's wire names are not the database's.
 package store
 
 import (
@@ -350,19 +354,4 @@ func (s *Store) Counts(ctx context.Context) (users, nodes int, err error) {
 		return tx.tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM nodes").Scan(&nodes)
 	})
 	return users, nodes, err
-}
-
-// Meta reads a key of the meta table ("" when missing).
-func (t *Tx) Meta(key string) (string, error) {
-	var v string
-	err := t.tx.QueryRowContext(t.ctx, "SELECT value FROM meta WHERE key=?", key).Scan(&v)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", nil
-	}
-	return v, err
-}
-
-// SetMeta writes a key of the meta table.
-func (t *Tx) SetMeta(key, value string) error {
-	return t.exec("INSERT INTO meta(key,value) VALUES(?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", key, value)
 }

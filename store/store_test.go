@@ -48,24 +48,22 @@ func TestMigrationsWALAndReopen(t *testing.T) {
 		if err := tx.PutToken(TokenRow{ID: "t1", UserID: "u1", Hash: []byte{1, 2, 3}, Created: now}); err != nil {
 			return err
 		}
-		if err := tx.PutNode(NodeRecord{Node: api.Node{ID: "hgx-1", State: api.NodeReady}, Snapshot: &snapshot.Snapshot{SchemaVersion: 1, GPUs: []snapshot.GPU{{Index: 0, Vendor: "nvidia"}}}}); err != nil {
-			return err
-		}
-		if err := tx.PutDevice("hgx-1", "gpu3", DeviceState{Drained: true, Reason: "doctor: gpu-fallen-off-bus"}); err != nil {
-			return err
-		}
-		if err := tx.PutLease(lease); err != nil {
-			return err
-		}
-		if err := tx.AddUsage("vision", now, 3600); err != nil {
-			return err
-		}
-		if err := tx.AddUsage("vision", now, 1800); err != nil {
-			return err
-		}
 		return tx.AddEvent(api.Event{Kind: "lease.granted", Subject: "l-1", Project: "vision", Message: "2 GPUs on hgx-1"})
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+	var w Writes
+	if err := w.PutNode(NodeRecord{Node: api.Node{ID: "hgx-1", State: api.NodeReady}, Snapshot: &snapshot.Snapshot{SchemaVersion: 1, GPUs: []snapshot.GPU{{Index: 0, Vendor: "nvidia"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	w.PutDevice("hgx-1", "gpu3", DeviceState{Drained: true, Reason: "doctor: gpu-fallen-off-bus"})
+	if err := w.PutLease(lease); err != nil {
+		t.Fatal(err)
+	}
+	w.AddUsage("vision", now, 3600)
+	w.AddUsage("vision", now, 1800)
+	if err := s.Apply(ctx, &w); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -135,7 +133,7 @@ func TestRollbackChangesNothing(t *testing.T) {
 	defer s.Close()
 	boom := errors.New("boom")
 	err := s.Update(ctx, func(tx *Tx) error {
-		if err := tx.PutLease(&api.Lease{ID: "l-2", Project: "p", State: api.LeaseQueued}); err != nil {
+		if err := tx.PutUser(api.User{ID: "u2", Name: "bo", Role: api.RoleMember}); err != nil {
 			return err
 		}
 		return boom
@@ -144,8 +142,8 @@ func TestRollbackChangesNothing(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	s.View(ctx, func(tx *Tx) error {
-		if _, err := tx.Lease("l-2"); !errors.Is(err, ErrNotFound) {
-			t.Errorf("rolled back lease is there: %v", err)
+		if _, err := tx.UserByName("bo"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("rolled back user is there: %v", err)
 		}
 		return nil
 	})

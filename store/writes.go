@@ -48,9 +48,6 @@ ON CONFLICT(project,period_start) DO UPDATE SET gpu_seconds=gpu_seconds+excluded
 	stmtAddEvent: `INSERT INTO events(at,kind,subject,project,message) VALUES(?,?,?,?,?)`,
 }
 
-// Len is the number of changes.
-func (w *Writes) Len() int { return len(w.ops) }
-
 func (w *Writes) add(stmt int, args ...any) { w.ops = append(w.ops, op{stmt, args}) }
 
 // PutNode adds a node.
@@ -99,7 +96,7 @@ func (w *Writes) AddEvent(e api.Event) {
 }
 
 func nodeArgs(r NodeRecord) ([]any, error) {
-	b, err := json.Marshal(r)
+	b, err := json.Marshal(nodeToRow(r))
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", r.Node.ID, err)
 	}
@@ -115,9 +112,7 @@ func deviceArgs(node, id string, st DeviceState) []any {
 }
 
 func leaseArgs(l *api.Lease) ([]any, error) {
-	cp := *l
-	cp.QueuePosition, cp.EstimatedStart = 0, nil // derived, not stored
-	b, err := json.Marshal(&cp)
+	b, err := json.Marshal(leaseToRow(l))
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}
@@ -125,7 +120,7 @@ func leaseArgs(l *api.Lease) ([]any, error) {
 }
 
 func jobArgs(j *api.Job) ([]any, error) {
-	b, err := json.Marshal(j)
+	b, err := json.Marshal(jobToRow(j))
 	if err != nil {
 		return nil, fmt.Errorf("job %s: %w", j.ID, err)
 	}

@@ -32,8 +32,8 @@ func TestApplyGroupsWrites(t *testing.T) {
 	}
 	b.AddEvent(api.Event{Kind: "lease.granted", Subject: "l-1", Project: "vision", Message: "granted"})
 	b.AddUsage("vision", now, 90)
-	if a.Len() != 2 || b.Len() != 3 {
-		t.Fatalf("lengths %d and %d, want 2 and 3", a.Len(), b.Len())
+	if len(a.ops) != 2 || len(b.ops) != 3 {
+		t.Fatalf("lengths %d and %d, want 2 and 3", len(a.ops), len(b.ops))
 	}
 	if err := s.Apply(ctx, &a, nil, &b); err != nil {
 		t.Fatal(err)
