@@ -445,6 +445,9 @@ func isCompressed(b []byte) bool {
 // head; closeFn releases it.
 func decompressor(r io.Reader, head []byte) (io.Reader, func(), error) {
 	none := func() {}
+	if len(head) == 0 {
+		return nil, none, fmt.Errorf("empty input: not a compressed file")
+	}
 	switch {
 	case head[0] == 0x1f:
 		z, err := gzip.NewReader(r)

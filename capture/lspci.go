@@ -260,6 +260,9 @@ func lspciHeaderAddr(line string) (addr, rest string, ok bool) {
 		}
 	}
 	n := len(a)
+	if n < 7 { // the last element of a path can be shorter than bus:dev.fn
+		return "", "", false
+	}
 	if a[n-2] != '.' || a[n-1] < '0' || a[n-1] > '7' || a[n-5] != ':' || !lspciIsHex(a[n-7:n-5]) || !lspciIsHex(a[n-4:n-2]) {
 		return "", "", false
 	}

@@ -474,6 +474,8 @@ func FuzzParseLspci(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(h100[:40000]) // whole functions up to the first GPU's switch
+	// A path whose last element is shorter than an address panicked.
+	f.Add([]byte(strings.Repeat("0", 120) + "\n::/00.0 0"))
 	for _, rel := range []string{"lspci/azure-nd-a100-v4-lspci-nn.txt", "lspci/gb200-lspci.txt"} {
 		b, err := os.ReadFile(filepath.Join(lspciCaptures, rel))
 		if err != nil {

@@ -61,6 +61,7 @@ func FuzzUntarGz(f *testing.F) {
 	}))
 	f.Add(tarGz(f, map[string]string{"a": "1", "b/c": "2"}))
 	f.Add([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3})
+	f.Add([]byte{}) // an empty input panicked
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fsys, err := untarGz(data)
 		if err != nil {
