@@ -16,6 +16,7 @@ import (
 // TestGrantRunRelease runs with the default placer (sched) and with
 // FirstFit, which stays available.
 func TestGrantRunRelease(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	for name, pl := range map[string]placement.Placer{"sched": nil, "first-fit": placement.FirstFit{}} {
 		t.Run(name, func(t *testing.T) { grantRunRelease(t, pl) })
 	}

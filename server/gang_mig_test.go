@@ -184,6 +184,7 @@ func checkGang(t *testing.T, l *api.Lease) {
 // holding nothing, and is granted whole when that GPU frees; releasing the
 // gang frees all 16. The executors' ledger sees no GPU held twice.
 func TestGangAcrossNodes(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second, PreemptGrace: 200 * time.Millisecond})
 	m := machines(t)
 	led := newLedger()
@@ -341,6 +342,7 @@ func migNode(t *testing.T) *snapshot.Snapshot {
 // memory size, one larger than any instance goes to the L40S or, kept to
 // the A100, is refused. No job ever holds the A100 itself.
 func TestMIGLeases(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second, PreemptGrace: 200 * time.Millisecond})
 	m := machines(t)
 	led := newLedger()

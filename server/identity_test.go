@@ -79,6 +79,7 @@ func (a *fakeAgent) beat(running ...string) api.HeartbeatReply {
 // it expires or is revoked; the list shows each token's uses, never its
 // secret.
 func TestJoinTokens(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	c := newCluster(t, server.Config{})
 	ctx := context.Background()
 	mint := func(req api.JoinTokenRequest) api.JoinToken {

@@ -95,6 +95,7 @@ func TestProjectLimits(t *testing.T) {
 // project's, then cut with a line that says so; before, one job could fill
 // the server's disk.
 func TestLogLimits(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second})
 	c.addAgent("hgx", machines(t)["hgx"], nil, 200*time.Millisecond)
 	c.waitNodes(1)
@@ -150,6 +151,7 @@ func do(srv *server.Server, token, method, path string, in any) (int, string) {
 // again by itself, and what it answered matches what it stored. It used to
 // refuse everything until restarted.
 func TestFullDiskResumes(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	dir := filepath.Join(t.TempDir(), "small")
 	os.Mkdir(dir, 0o700)
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {

@@ -16,6 +16,7 @@ import (
 // running meanwhile is left alone; a lease of the same priority that can
 // fit once the preemptible one goes does preempt it.
 func TestNeverFitsRefusedBeforePreempting(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second, PreemptGrace: 200 * time.Millisecond})
 	c.addAgent("pcie", machines(t)["pcie"], nil, 200*time.Millisecond)
 	nodes := c.waitNodes(1)

@@ -15,6 +15,7 @@ import (
 )
 
 func TestSecurity(t *testing.T) {
+	t.Parallel() // a cluster of its own; it mostly waits
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second})
 	m := machines(t)
 	c.addAgent("hgx", m["hgx"], nil, 300*time.Millisecond)
