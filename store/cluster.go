@@ -35,24 +35,19 @@ func (t *Tx) DeleteNode(id string) error {
 
 // Nodes reads every node.
 func (t *Tx) Nodes() ([]NodeRecord, error) {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT data FROM nodes ORDER BY id`)
+	datas, err := t.strings(`SELECT data FROM nodes ORDER BY id`)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []NodeRecord
-	for rows.Next() {
-		var data string
-		if err := rows.Scan(&data); err != nil {
-			return nil, err
-		}
+	out := make([]NodeRecord, 0, len(datas))
+	for _, data := range datas {
 		var r nodeRow
 		if err := json.Unmarshal([]byte(data), &r); err != nil {
 			return nil, fmt.Errorf("node row: %w", err)
 		}
 		out = append(out, nodeFromRow(r))
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // DeviceState is the part of a device the server must remember across
