@@ -10,7 +10,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func init() { addCommand(newDRACmd) }
+func init() {
+	addCommand(newDRACmd)
+	addCommand(newKubeCmd)
+}
 
 // draBinary is the program that holds kiln's Kubernetes code. It is a
 // binary of its own so that the Kubernetes client libraries add nothing to
@@ -31,23 +34,48 @@ the kiln executable or on PATH, with the same arguments:
 
 Build it with: go build -o $(dirname $(which kiln))/kiln-dra ./cmd/kiln-dra`,
 		DisableFlagParsing: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			path, err := findDRA()
-			if err != nil {
-				return &exitError{code: 3, err: err}
-			}
-			c := exec.CommandContext(cmd.Context(), path, args...)
-			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
-			if err := c.Run(); err != nil {
-				var ee *exec.ExitError
-				if errors.As(err, &ee) {
-					return &exitError{code: ee.ExitCode()}
-				}
-				return &exitError{code: 3, err: fmt.Errorf("running %s: %w", path, err)}
-			}
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return runDRA(cmd, args) },
 	}
+}
+
+func newKubeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "kube",
+		Short: "Kubernetes without DRA: node labels (runs kiln-dra)",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "label [--from CAPTURE...] [--apply --kubeconfig FILE]",
+		Short: "Node labels of this node's GPUs for clusters without DRA",
+		Long: `kiln kube label prints the node labels of this node's GPUs (or of a recorded
+one) for clusters without Dynamic Resource Allocation: GPU Feature Discovery's
+and AMD's node labeller's keys when those tools are absent, and kiln's own
+(largest NVLink island, gfx target, ROCm version, doctor status). --apply sets
+them on the node. It is 'kiln dra label': both run kiln-dra.`,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runDRA(cmd, append([]string{"label"}, args...))
+		},
+	})
+	return cmd
+}
+
+// runDRA runs kiln-dra with args, its exit code kiln's.
+func runDRA(cmd *cobra.Command, args []string) error {
+	path, err := findDRA()
+	if err != nil {
+		return &exitError{code: 3, err: err}
+	}
+	c := exec.CommandContext(cmd.Context(), path, args...)
+	c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
+	if err := c.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return &exitError{code: ee.ExitCode()}
+		}
+		return &exitError{code: 3, err: fmt.Errorf("running %s: %w", path, err)}
+	}
+	return nil
 }
 
 // findDRA looks for kiln-dra beside the running kiln, then on PATH.
