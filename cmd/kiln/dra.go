@@ -34,7 +34,7 @@ the kiln executable or on PATH, with the same arguments:
 
 Build it with: go build -o $(dirname $(which kiln))/kiln-dra ./cmd/kiln-dra`,
 		DisableFlagParsing: true,
-		RunE: func(cmd *cobra.Command, args []string) error { return runDRA(cmd, args) },
+		RunE:               func(cmd *cobra.Command, args []string) error { return runDRA(cmd, args) },
 	}
 }
 
