@@ -39,7 +39,7 @@ func grantRelease(b *testing.B, held int) {
 		if err != nil || l.State != api.LeaseGranted {
 			b.Fatalf("%v %s %s", err, l.State, l.Reason)
 		}
-		if _, _, err := w.c.Cancel(w.now, l.ID, "u"); err != nil {
+		if _, _, err := w.c.Cancel(w.now, l.ID, "u", false); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -113,16 +113,18 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 }
 
 // Lease is a live lease (queued, granted, stopping, or lost and holding
-// devices), with its queue position and estimate as of now; nil when the
-// core does not hold it. The value is the core's: read it under the lock.
-func (s *Core) Lease(id string, now time.Time) *api.Lease {
-	ls := s.leases[id]
-	if ls == nil {
-		return nil
+// devices); nil when the core does not hold it. The value is the core's:
+// read it under the lock.
+func (s *Core) Lease(id string) *api.Lease {
+	if ls := s.leases[id]; ls != nil {
+		return ls.l
 	}
-	s.decorate(ls.l, now)
-	return ls.l
+	return nil
 }
+
+// Decorate sets a lease's queue position and estimated start as of now
+// (zero for a lease that is not queued).
+func (s *Core) Decorate(l *api.Lease, now time.Time) { s.decorate(l, now) }
 
 // Leases are copies of the live leases keep selects, decorated as of now.
 func (s *Core) Leases(now time.Time, keep func(*api.Lease) bool) []api.Lease {
@@ -138,9 +140,9 @@ func (s *Core) Leases(now time.Time, keep func(*api.Lease) bool) []api.Lease {
 }
 
 // Cancel ends a live lease for its user: a queued one is cancelled, a
-// granted one released (its jobs get the grace); a lost one only an admin
-// clears, on its node.
-func (s *Core) Cancel(now time.Time, id, by string) (*api.Lease, *Changes, error) {
+// granted one released (its jobs get the grace); a lost one is refused to a
+// member and left as it is for an admin, who clears it on its node.
+func (s *Core) Cancel(now time.Time, id, by string, admin bool) (*api.Lease, *Changes, error) {
 	ls := s.leases[id]
 	if ls == nil {
 		return nil, nil, Errorf(NotFound, "lease %s not found", id)
@@ -153,6 +155,9 @@ func (s *Core) Cancel(now time.Time, id, by string) (*api.Lease, *Changes, error
 	case api.LeaseGranted:
 		s.stopLease(ls, api.LeaseDone, "released by "+by, s.cfg.PreemptGrace, now, b)
 	case api.LeaseLost:
+		if admin {
+			break
+		}
 		return nil, nil, Errorf(Conflict, "lease %s is lost with its node; an admin clears it with 'kiln drain --clear-lost %s'", id, l.Allocations[0].Node)
 	}
 	s.schedule(now, b)

@@ -316,6 +316,12 @@ func TestLostNode(t *testing.T) {
 	if w.state(next) != api.LeaseQueued {
 		t.Errorf("a lease while the GPU is fenced: %s, want queued", w.state(next))
 	}
+	if _, _, err := w.c.Cancel(w.now, id, "member", false); KindOf(err) != Conflict || !strings.Contains(err.Error(), "kiln drain --clear-lost n1") {
+		t.Errorf("a member cancelling the lost lease: %v, want a conflict naming the way out", err)
+	}
+	if l, _, err := w.c.Cancel(w.now, id, "admin", true); err != nil || l.State != api.LeaseLost || !l.Holding {
+		t.Errorf("an admin cancelling the lost lease: %v, %+v; want it left lost and holding (drain --clear-lost frees it)", err, l)
+	}
 }
 
 // TestFairShareGuard: while a project below its share waits for devices,

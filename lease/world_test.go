@@ -175,7 +175,7 @@ func (w *world) state(id string) string { return w.lease(id).State }
 
 func (w *world) cancel(id string) {
 	w.t.Helper()
-	_, b, err := w.c.Cancel(w.now, id, "u")
+	_, b, err := w.c.Cancel(w.now, id, "u", false)
 	if err != nil {
 		w.t.Fatalf("cancel %s: %v", id, err)
 	}

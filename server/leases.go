@@ -38,9 +38,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return nil, 0, withStatus(http.StatusServiceUnavailable, err)
 		}
-		if live := s.core.Lease(l.ID, now); live != nil {
-			l = live
-		}
+		s.core.Decorate(l, now)
 		return l, seq, nil
 	})
 }
@@ -68,7 +66,7 @@ func (s *Server) imageNodes(r *http.Request, image string) ([]string, error) {
 // not learn that another project's lease exists).
 func (s *Server) leaseByID(r *http.Request, id string) (*api.Lease, bool, error) {
 	c := callerOf(r)
-	if l := s.core.Lease(id, time.Now()); l != nil {
+	if l := s.core.Lease(id); l != nil {
 		if !c.canSee(l.Project) {
 			return nil, false, errStatus(http.StatusNotFound, "lease %s not found", id)
 		}
@@ -103,6 +101,7 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, http.StatusInternalServerError, err)
 			return
 		}
+		s.core.Decorate(l, time.Now())
 		b, _ := json.Marshal(l)
 		key := fmt.Sprintf("%s/%d", l.State, l.QueuePosition)
 		ch := s.changed
@@ -198,16 +197,9 @@ func (s *Server) cancelLease(w http.ResponseWriter, r *http.Request) {
 		if !live {
 			return l, 0, nil
 		}
-		if l.State == api.LeaseLost && !c.admin() {
-			return nil, 0, errStatus(http.StatusConflict, "lease %s is lost with its node; an admin clears it with 'kiln drain --clear-lost %s'", id, l.Allocations[0].Node)
-		}
-		l, b, err := s.core.Cancel(time.Now(), id, c.user.Name)
-		if err != nil && !(l == nil && lease.KindOf(err) == lease.Conflict) {
-			return nil, 0, err
-		}
+		l, b, err := s.core.Cancel(time.Now(), id, c.user.Name, c.admin())
 		if err != nil {
-			// An admin cancelling a lost lease: nothing changes.
-			return s.core.Lease(id, time.Now()), s.wseq, nil
+			return nil, 0, err
 		}
 		return s.commit(b, l)
 	})

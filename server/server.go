@@ -9,7 +9,6 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -114,40 +113,22 @@ func (c *Config) check() error {
 	return nil
 }
 
+// leaseConfig is the part of the configuration the lease core takes.
+func (c *Config) leaseConfig() lease.Config {
+	return lease.Config{HeartbeatTimeout: c.HeartbeatTimeout, DefaultTimeLimit: c.DefaultTimeLimit, MaxTimeLimit: c.MaxTimeLimit,
+		PreemptGrace: c.PreemptGrace, FairShareWindow: c.FairShareWindow, Limits: c.Limits, Placer: c.Placer, KB: c.KB, Logger: c.Logger}
+}
+
+// defaults fills the zero values: the lease core's defaults for what it
+// takes, the server's own for the rest.
 func (c *Config) defaults() {
-	if c.HeartbeatTimeout <= 0 {
-		c.HeartbeatTimeout = 30 * time.Second
-	}
-	if c.DefaultTimeLimit <= 0 {
-		c.DefaultTimeLimit = 24 * time.Hour
-	}
-	if c.MaxTimeLimit <= 0 {
-		c.MaxTimeLimit = 7 * 24 * time.Hour
-	}
-	if c.PreemptGrace <= 0 {
-		c.PreemptGrace = 30 * time.Second
-	}
-	if c.FairShareWindow <= 0 {
-		c.FairShareWindow = time.Hour
-	}
+	lc := c.leaseConfig()
+	lc.Defaults()
+	c.HeartbeatTimeout, c.DefaultTimeLimit, c.MaxTimeLimit = lc.HeartbeatTimeout, lc.DefaultTimeLimit, lc.MaxTimeLimit
+	c.PreemptGrace, c.FairShareWindow, c.Limits = lc.PreemptGrace, lc.FairShareWindow, lc.Limits
+	c.Placer, c.KB, c.Logger = lc.Placer, lc.KB, lc.Logger
 	if c.BodyTimeout <= 0 {
 		c.BodyTimeout = 30 * time.Second
-	}
-	l := &c.Limits
-	l.MaxQueued = cmp.Or(l.MaxQueued, 1000)
-	l.MaxQueuedPerUser = cmp.Or(l.MaxQueuedPerUser, 100)
-	l.MaxJobsPerLease = cmp.Or(l.MaxJobsPerLease, 1000)
-	l.MaxEnvBytes = cmp.Or(l.MaxEnvBytes, 256<<10)
-	l.MaxLogBytesPerJob = cmp.Or(l.MaxLogBytesPerJob, 1<<30)
-	l.MaxLogBytes = cmp.Or(l.MaxLogBytes, 50<<30)
-	if c.KB == nil {
-		c.KB = kb.Default()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Placer == nil {
-		c.Placer = &placement.SchedPlacer{KB: c.KB, Logger: c.Logger}
 	}
 }
 
@@ -283,9 +264,9 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		tokens:  map[string]*tokenInfo{},
 		changed: make(chan struct{}),
 	}
-	s.core = lease.New(lease.Config{HeartbeatTimeout: cfg.HeartbeatTimeout, DefaultTimeLimit: cfg.DefaultTimeLimit,
-		MaxTimeLimit: cfg.MaxTimeLimit, PreemptGrace: cfg.PreemptGrace, FairShareWindow: cfg.FairShareWindow,
-		Limits: cfg.Limits, Placer: cfg.Placer, KB: cfg.KB, Logger: cfg.Logger, NewID: newID, Runner: agentRunner{s}}, time.Now())
+	lc := cfg.leaseConfig()
+	lc.NewID, lc.Runner = newID, agentRunner{s}
+	s.core = lease.New(lc, time.Now())
 	if err := s.load(ctx); err != nil {
 		st.Close()
 		return nil, err
