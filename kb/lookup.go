@@ -119,7 +119,9 @@ type namePattern struct {
 }
 
 // patterns holds each catalog's name patterns, made once per catalog
-// (kiln reads the names of every GPU of every node it sees).
+// (kiln reads the names of every GPU of every node it sees). A catalog is
+// known by its GPU table, which nothing changes once loaded; the key keeps
+// the table alive, so an address is never reused for another.
 var patterns sync.Map // patternKey -> []namePattern
 
 type patternKey struct {
