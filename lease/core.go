@@ -140,7 +140,7 @@ type Source interface {
 	Nodes() ([]NodeRecord, error)
 	Devices(node string) (map[string]DeviceState, error)
 	// Leases are the leases in the states given, jobs likewise.
-	Leases(states []string) ([]*api.Lease, error)
+	Leases(states ...string) ([]*api.Lease, error)
 	Jobs(states ...string) ([]*api.Job, error)
 }
 
@@ -279,7 +279,7 @@ func (s *Core) Load(now time.Time, src Source) error {
 		n.Touch(now)
 		s.nodes[r.Node.ID] = n
 	}
-	live, err := src.Leases([]string{api.LeaseQueued, api.LeaseGranted, api.LeaseStopping, api.LeaseLost})
+	live, err := src.Leases(api.LeaseQueued, api.LeaseGranted, api.LeaseStopping, api.LeaseLost)
 	if err != nil {
 		return err
 	}

@@ -484,7 +484,7 @@ func (t storeSource) Devices(node string) (map[string]lease.DeviceState, error) 
 	return out, nil
 }
 
-func (t storeSource) Leases(states []string) ([]*api.Lease, error) {
+func (t storeSource) Leases(states ...string) ([]*api.Lease, error) {
 	return t.tx.Leases(store.LeaseFilter{States: states, Limit: 1 << 30})
 }
 
