@@ -21,15 +21,23 @@ import (
 // costs one transaction per burst, not per request, and nobody holds the
 // server's lock while SQLite writes.
 //
+// While changes keep coming, transactions start at most every gap: the
+// writer waits out what is left of it since the last one started, and the
+// changes handed over meanwhile go into the next. Under load the store so
+// writes a few requests per transaction instead of one (a transaction's
+// cost is mostly its pages, which requests share), for at most gap of
+// added wait; an idle server writes at once.
+//
 // A transaction that fails (a full disk) is rolled back whole; its changes
 // go back to the head of the queue and the background writer tries again
 // every retry interval. Meanwhile waiters get the error (the server answers
 // 503) and the server takes no new change; once a write succeeds, the
 // store holds everything in the order it was made and the server goes on.
 type committer struct {
-	st    *store.Store
+	st    applier
 	log   *slog.Logger
 	retry time.Duration
+	gap   time.Duration
 
 	mu      sync.Mutex
 	more    *sync.Cond // the background writer waits for work
@@ -41,12 +49,18 @@ type committer struct {
 	err     error                 // the last transaction failed: the store cannot write now
 	failing atomic.Pointer[error] // err, read without the lock
 	closed  bool
+	last    time.Time // when the last transaction started
 	stop    chan struct{}
 	exited  chan struct{}
 }
 
-func newCommitter(st *store.Store, log *slog.Logger) *committer {
-	c := &committer{st: st, log: log, retry: time.Second, stop: make(chan struct{}), exited: make(chan struct{})}
+// applier writes changes in one transaction (the store).
+type applier interface {
+	Apply(ctx context.Context, ws ...*store.Writes) error
+}
+
+func newCommitter(st applier, gap time.Duration, log *slog.Logger) *committer {
+	c := &committer{st: st, log: log, retry: time.Second, gap: gap, stop: make(chan struct{}), exited: make(chan struct{})}
 	c.more = sync.NewCond(&c.mu)
 	c.written = sync.NewCond(&c.mu)
 	go c.run()
@@ -88,10 +102,16 @@ func (c *committer) wait(seq uint64) error {
 	return nil
 }
 
-// write writes everything queued in one transaction; c.mu is held and let
-// go meanwhile.
+// write writes everything queued in one transaction, once the gap since
+// the last one passed; c.mu is held and let go meanwhile.
 func (c *committer) write() {
 	c.writing = true
+	if d := time.Until(c.last.Add(c.gap)); d > 0 {
+		c.mu.Unlock()
+		time.Sleep(d) // what comes meanwhile joins this transaction
+		c.mu.Lock()
+	}
+	c.last = time.Now()
 	ws, upto := c.queue, c.queued
 	c.queue = nil
 	c.mu.Unlock()

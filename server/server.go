@@ -57,6 +57,12 @@ type Config struct {
 	// Placer picks devices; a placement.SchedPlacer when nil (placement.FirstFit is the
 	// simple alternative).
 	Placer placement.Placer
+	// CommitGap is the least time between the starts of two of the
+	// store's transactions (default 1ms): while requests keep coming, the
+	// changes of those that arrive meanwhile are written together, one
+	// transaction a millisecond instead of one a request, and none waits
+	// more than the gap for it; a lone request is written at once.
+	CommitGap time.Duration
 	// BodyTimeout bounds the time a request's body may take to arrive
 	// (default 30s); headers have 10s.
 	BodyTimeout time.Duration
@@ -88,6 +94,9 @@ type ImageChecker interface {
 	Runs(ctx context.Context, image string, node *snapshot.Snapshot) (ok bool, reason string, err error)
 }
 
+// maxCommitGap bounds Config.CommitGap.
+const maxCommitGap = 100 * time.Millisecond
+
 // check refuses a configuration that contradicts itself; zero values
 // take the defaults.
 func (c *Config) check() error {
@@ -95,10 +104,13 @@ func (c *Config) check() error {
 		name string
 		v    time.Duration
 	}{{"heartbeat timeout", c.HeartbeatTimeout}, {"default time limit", c.DefaultTimeLimit}, {"maximum time limit", c.MaxTimeLimit},
-		{"preemption grace", c.PreemptGrace}, {"fair-share window", c.FairShareWindow}} {
+		{"preemption grace", c.PreemptGrace}, {"fair-share window", c.FairShareWindow}, {"commit gap", c.CommitGap}} {
 		if d.v < 0 {
 			return fmt.Errorf("server configuration: the %s is negative (%s)", d.name, d.v)
 		}
+	}
+	if c.CommitGap > maxCommitGap {
+		return fmt.Errorf("server configuration: the commit gap %s is above %s (changes would wait that long to be written)", c.CommitGap, maxCommitGap)
 	}
 	if c.MaxTimeLimit > maxTimeLimitS*time.Second {
 		return fmt.Errorf("server configuration: the maximum time limit %s is above one year", c.MaxTimeLimit)
@@ -129,6 +141,9 @@ func (c *Config) defaults() {
 	c.Placer, c.KB, c.Logger = lc.Placer, lc.KB, lc.Logger
 	if c.BodyTimeout <= 0 {
 		c.BodyTimeout = 30 * time.Second
+	}
+	if c.CommitGap == 0 {
+		c.CommitGap = time.Millisecond
 	}
 }
 
@@ -275,7 +290,7 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	s.cm = newCommitter(st, s.log)
+	s.cm = newCommitter(st, cfg.CommitGap, s.log)
 	lctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	s.loopWG.Add(1)
