@@ -250,10 +250,17 @@ func (b *builder) devicesOf(f *gpuFacts) ([]resourceapi.Device, []resourceapi.Co
 		attrs(gpu.Attributes).str(AttrComputePartition, p.Compute)
 		attrs(gpu.Attributes).str(AttrMemoryPartition, p.Memory)
 	}
+	gpu.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
 	if g.MemoryTotalBytes > 0 {
-		gpu.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: {Value: quantity(g.MemoryTotalBytes)}}
+		gpu.Capacity[CapMemory] = resourceapi.DeviceCapacity{Value: quantity(g.MemoryTotalBytes)}
 	} else if f.known && f.model.MemoryGB > 0 {
-		gpu.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: {Value: quantity(uint64(f.model.MemoryGB * 1e9))}}
+		gpu.Capacity[CapMemory] = resourceapi.DeviceCapacity{Value: quantity(uint64(f.model.MemoryGB * 1e9))}
+	}
+	if mp := f.multiprocessors(); mp > 0 {
+		gpu.Capacity[CapMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(mp), resource.DecimalSI)}
+	}
+	if len(gpu.Capacity) == 0 {
+		gpu.Capacity = nil
 	}
 	b.res.Targets[gpu.Name] = Target{GPUIndex: g.Index, Partition: -1}
 	if g.MIG == nil || !g.MIG.Enabled {
@@ -477,6 +484,14 @@ func (b *builder) partitions(f *gpuFacts) []resourceapi.Device {
 		attrs(d.Attributes).str(AttrMemoryPartition, g.Partition.Memory)
 		if mem > 0 {
 			d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: {Value: quantity(mem / div)}}
+		}
+		// Compute partitions split the CUs evenly (a CPX partition of an
+		// MI300X is one XCD: 38 of 304); an uneven split is not guessed.
+		if mp := f.multiprocessors(); mp > 0 && mp%n == 0 {
+			if d.Capacity == nil {
+				d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
+			}
+			d.Capacity[CapMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(mp/n), resource.DecimalSI)}
 		}
 		out = append(out, d)
 	}

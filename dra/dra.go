@@ -377,3 +377,12 @@ func (b *builder) fit(d *resourceapi.Device) {
 		b.note("%s: %s left out to stay within %d attributes and capacities", d.Name, strings.Join(dropped, ", "), limit)
 	}
 }
+
+// multiprocessors is the GPU's number of SMs or CUs from the catalogue; 0
+// when the model is unknown or the catalogue has no figure.
+func (f *gpuFacts) multiprocessors() int {
+	if !f.known {
+		return 0
+	}
+	return f.model.DeviceMultiprocessors()
+}

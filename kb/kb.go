@@ -78,8 +78,22 @@ type GPUModel struct {
 	MaxTempC float64 `json:"max_temp_c,omitempty"`
 	// GCDs is how many graphics compute dies the board has, each a GPU of
 	// its own to the OS (MI250, MI250X: 2); 0 means one.
-	GCDs   int    `json:"gcds,omitempty"`
-	Source string `json:"source"`
+	GCDs int `json:"gcds,omitempty"`
+	// Multiprocessors is the board's number of streaming multiprocessors
+	// (NVIDIA) or compute units (AMD) as shipped; one GCD's:
+	// DeviceMultiprocessors. 0 where no source states it.
+	Multiprocessors int    `json:"multiprocessors,omitempty"`
+	Source          string `json:"source"`
+}
+
+// DeviceMultiprocessors is the number of SMs or CUs of one GPU the OS
+// sees: the board's, shared among its GCDs (an MI250X GCD has 110 of
+// 220). It is 0 when the catalog has no figure.
+func (m GPUModel) DeviceMultiprocessors() int {
+	if m.GCDs > 1 {
+		return m.Multiprocessors / m.GCDs
+	}
+	return m.Multiprocessors
 }
 
 // DeviceMemoryBandwidthGBps is the memory bandwidth of one GPU the OS
