@@ -6,11 +6,14 @@ import (
 )
 
 // DeviceClass names: gpu.kiln.dev holds whole GPUs; mig.gpu.kiln.dev and
-// partition.gpu.kiln.dev the MIG devices and AMD compute partitions.
+// partition.gpu.kiln.dev the MIG devices and AMD compute partitions;
+// fraction.gpu.kiln.dev the GPUs shared by claims that each take part of
+// their memory.
 const (
 	ClassGPU       = DriverName
 	ClassMIG       = "mig." + DriverName
 	ClassPartition = "partition." + DriverName
+	ClassFraction  = "fraction." + DriverName
 )
 
 // classSelector is the CEL expression of a class for one device type.
@@ -37,5 +40,6 @@ func DeviceClasses() []resourceapi.DeviceClass {
 		mk(ClassGPU, TypeGPU),
 		mk(ClassMIG, TypeMIG),
 		mk(ClassPartition, TypePartition),
+		mk(ClassFraction, TypeFraction),
 	}
 }

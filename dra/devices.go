@@ -241,7 +241,17 @@ func quantity(v uint64) resource.Quantity {
 func (b *builder) devicesOf(f *gpuFacts) ([]resourceapi.Device, []resourceapi.CounterSet) {
 	g := f.g
 	if p := g.Partition; p != nil && max(p.Count, len(g.KFDNodes)) > 1 {
+		if b.shared[g.Index] {
+			b.note("%s: split into %d partitions, which are published instead of fractions", f.name, max(p.Count, len(g.KFDNodes)))
+		}
 		return b.partitions(f), nil
+	}
+	if b.shared[g.Index] {
+		if g.MIG != nil && g.MIG.Enabled {
+			b.note("%s: MIG is on: published as MIG devices, not as fractions", f.name)
+		} else {
+			return []resourceapi.Device{b.fraction(f)}, nil
+		}
 	}
 	gpu := resourceapi.Device{Name: f.name, Attributes: b.common(f), Taints: f.taints}
 	attrs(gpu.Attributes).str(AttrUUID, g.UUID)
@@ -497,3 +507,36 @@ func (b *builder) partitions(f *gpuFacts) []resourceapi.Device {
 	}
 	return out
 }
+
+// minFraction is the least memory one claim on a shared GPU takes.
+const minFraction = 256 << 20
+
+// fraction is a whole GPU that several claims share, each consuming part
+// of its memory. A claim that asks no amount takes all of it: it holds the
+// GPU alone, since kiln cannot know what it will use. Only memory is a
+// capacity: the API lets a capacity without a request policy be taken
+// whole by every claim that does not ask, which would end the sharing.
+func (b *builder) fraction(f *gpuFacts) resourceapi.Device {
+	g := f.g
+	d := resourceapi.Device{Name: f.name, Attributes: b.common(f), Taints: f.taints, AllowMultipleAllocations: ptrTo(true)}
+	attrs(d.Attributes).str(AttrUUID, g.UUID)
+	attrs(d.Attributes).str(AttrType, TypeFraction)
+	mem := g.MemoryTotalBytes
+	if mem == 0 && f.known {
+		mem = uint64(f.model.MemoryGB * 1e9)
+	}
+	if mem > 0 {
+		total := quantity(mem)
+		least := quantity(min(mem, minFraction))
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: {
+			Value:         total,
+			RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: &total, ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &least}},
+		}}
+	} else {
+		b.note("%s: its memory is not known, so claims cannot ask for a part of it; each takes it whole", f.name)
+	}
+	b.res.Targets[d.Name] = Target{GPUIndex: g.Index, Partition: -1, Shared: true}
+	return d
+}
+
+func ptrTo[T any](v T) *T { return &v }

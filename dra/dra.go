@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -34,6 +35,9 @@ const (
 	TypeGPU       = "gpu"
 	TypeMIG       = "mig"
 	TypePartition = "partition"
+	// TypeFraction is a whole GPU shared by several claims, each taking
+	// part of its memory (consumable capacity).
+	TypeFraction = "fraction"
 )
 
 // Health values of the "health" attribute.
@@ -55,6 +59,12 @@ type Input struct {
 	// NodeName is the Kubernetes node (and pool) the devices belong to;
 	// empty means the Snapshot's host name made a DNS name.
 	NodeName string
+	// Shared are the indices of the GPUs published as fractions: one device
+	// that several claims share, each consuming part of its memory
+	// (Kubernetes' consumable capacity, feature DRAConsumableCapacity). A
+	// shared GPU is not published whole besides. GPUs in MIG mode and AMD
+	// GPUs split into partitions are published as those, with a note.
+	Shared []int
 }
 
 // Slice is the content of one ResourceSlice: devices or shared counters,
@@ -85,6 +95,9 @@ type Target struct {
 	MIG *MIGTarget
 	// Partition is the partition number of an AMD partition, -1 otherwise.
 	Partition int
+	// Shared is set for a GPU published as fractions: several claims may
+	// hold it at once.
+	Shared bool
 }
 
 // MIGTarget is a MIG device's instance and placement.
@@ -146,8 +159,11 @@ func Build(ctx context.Context, in Input) (*Result, error) {
 	if DNSSubdomain(node) != node {
 		return nil, fmt.Errorf("node name %q is not a DNS name (lowercase letters, digits, '-' and '.')", node)
 	}
-	b := &builder{s: s, k: k, m: m, rep: rep, res: &Result{NodeName: node, Targets: map[string]Target{}}}
+	b := &builder{s: s, k: k, m: m, rep: rep, res: &Result{NodeName: node, Targets: map[string]Target{}}, shared: map[int]bool{}}
 	b.collect()
+	if err := b.share(in.Shared); err != nil {
+		return nil, err
+	}
 	b.islands()
 	b.health()
 	var devices []resourceapi.Device
@@ -206,12 +222,13 @@ type gpuFacts struct {
 }
 
 type builder struct {
-	s    *snapshot.Snapshot
-	k    *kb.KB
-	m    *topo.Matrix
-	rep  *doctor.Report
-	res  *Result
-	gpus []*gpuFacts
+	s      *snapshot.Snapshot
+	k      *kb.KB
+	m      *topo.Matrix
+	rep    *doctor.Report
+	res    *Result
+	gpus   []*gpuFacts
+	shared map[int]bool // by GPU index
 }
 
 func (b *builder) note(format string, args ...any) {
@@ -385,4 +402,45 @@ func (f *gpuFacts) multiprocessors() int {
 		return 0
 	}
 	return f.model.DeviceMultiprocessors()
+}
+
+// share marks the GPUs to publish as fractions; an index the node does not
+// have is an error (a typo must not leave a GPU unshared silently).
+func (b *builder) share(indices []int) error {
+	have := map[int]bool{}
+	for _, f := range b.gpus {
+		have[f.g.Index] = true
+	}
+	for _, i := range indices {
+		if !have[i] {
+			return fmt.Errorf("GPU %d is to be shared, but the node has no GPU %d", i, i)
+		}
+		b.shared[i] = true
+	}
+	return nil
+}
+
+// ParseShared reads which GPUs to share as fractions: "" none, "all" every
+// GPU of the snapshot, or indices separated by commas ("0,2").
+func ParseShared(spec string, s *snapshot.Snapshot) ([]int, error) {
+	spec = strings.TrimSpace(spec)
+	switch spec {
+	case "", "none":
+		return nil, nil
+	case "all":
+		var out []int
+		for _, g := range s.GPUs {
+			out = append(out, g.Index)
+		}
+		return out, nil
+	}
+	var out []int
+	for _, f := range strings.Split(spec, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || i < 0 {
+			return nil, fmt.Errorf("--shared %q: want all, none or GPU indices separated by commas (0,2), not %q", spec, f)
+		}
+		out = append(out, i)
+	}
+	return out, nil
 }

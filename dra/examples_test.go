@@ -3,6 +3,7 @@ package dra_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -81,6 +83,8 @@ type cluster struct {
 	slices    []*resourceapi.ResourceSlice
 	devices   map[string]resourceapi.Device // by name, kiln's only
 	allocated sets.Set[structured.DeviceID]
+	shared    sets.Set[structured.SharedDeviceID]
+	consumed  structured.ConsumedCapacityCollection
 	cache     *cel.Cache
 }
 
@@ -88,12 +92,13 @@ func newCluster(t *testing.T, name string) *cluster {
 	t.Helper()
 	m := machineByName(t, name)
 	s := loadMachine(t, m)
-	r, err := dra.Build(context.Background(), dra.Input{Snapshot: s, NodeName: m.name})
+	r, err := dra.Build(context.Background(), dra.Input{Snapshot: s, NodeName: m.name, Shared: m.shared})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &cluster{t: t, node: m.name, devices: map[string]resourceapi.Device{}, allocated: sets.New[structured.DeviceID](),
-		cache: cel.NewCache(100, cel.Features{})}
+		shared: sets.New[structured.SharedDeviceID](), consumed: structured.NewConsumedCapacityCollection(),
+		cache: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true})}
 	for _, o := range r.Objects() {
 		c.slices = append(c.slices, &o)
 	}
@@ -151,7 +156,7 @@ func nicSlice(s *snapshot.Snapshot, node string) *resourceapi.ResourceSlice {
 	}
 }
 
-var features = structured.Features{DeviceTaints: true, PartitionableDevices: true, PrioritizedList: true}
+var features = structured.Features{DeviceTaints: true, PartitionableDevices: true, PrioritizedList: true, ConsumableCapacity: true}
 
 // allocate runs the scheduler's allocator for one claim on the node; nil
 // when the claim cannot be allocated. With keep, the devices stay
@@ -160,7 +165,7 @@ func (c *cluster) allocate(claim *resourceapi.ResourceClaim, keep bool) []resour
 	c.t.Helper()
 	ctx := context.Background()
 	claim = withDefaults(claim)
-	a, err := structured.NewAllocator(ctx, features, structured.AllocatedState{AllocatedDevices: c.allocated}, classes(), c.slices, c.cache)
+	a, err := structured.NewAllocator(ctx, features, structured.AllocatedState{AllocatedDevices: c.allocated, AllocatedSharedDeviceIDs: c.shared, AggregatedCapacity: c.consumed}, classes(), c.slices, c.cache)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -173,7 +178,15 @@ func (c *cluster) allocate(claim *resourceapi.ResourceClaim, keep bool) []resour
 	}
 	if keep {
 		for _, r := range res[0].Devices.Results {
-			c.allocated.Insert(structured.MakeDeviceID(r.Driver, r.Pool, r.Device))
+			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+			if r.ShareID == nil {
+				c.allocated.Insert(id)
+				continue
+			}
+			// A share of a device others may share too: the scheduler
+			// counts what each share consumed.
+			c.shared.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+			c.consumed.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
 		}
 	}
 	return res[0].Devices.Results
@@ -241,7 +254,7 @@ func (c *cluster) expect(keep func(name string) bool) []string {
 
 func TestExamplesAreAllTested(t *testing.T) {
 	ex := docExamples(t)
-	want := []string{"cuda-12-4", "gpu-nic-same-root", "healthy", "mig-or-gpu", "nvlink-pair"}
+	want := []string{"cuda-12-4", "fraction", "gpu-nic-same-root", "healthy", "mig-or-gpu", "nvlink-pair"}
 	var got []string
 	for n := range ex {
 		got = append(got, n)
@@ -461,5 +474,71 @@ func TestTaintedNeverAllocated(t *testing.T) {
 	r := c.allocate(claim(3), false)
 	if len(r) != 3 || slices.Contains(names(r), tainted[0]) {
 		t.Errorf("three GPUs: %v, want the three untainted", names(r))
+	}
+}
+
+// TestExampleFraction shares GPUs among claims that each ask for part of
+// the memory: two 10 GiB claims fit a 24 GiB RTX 4090, a third does not;
+// only the shared GPUs are used, and never beyond their memory.
+func TestExampleFraction(t *testing.T) {
+	claim := docExamples(t)["fraction"]
+	c := newCluster(t, "rtx4090x8-shared")
+	shared := c.expect(func(n string) bool { return c.str(n, dra.AttrType) == dra.TypeFraction })
+	if !slices.Equal(shared, []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}) {
+		t.Fatalf("fraction devices %v, want gpu-0 to gpu-3", shared)
+	}
+	per := map[string]int{}
+	for i := 0; ; i++ {
+		cl := claim.DeepCopy()
+		cl.Name, cl.UID = fmt.Sprintf("fraction-%d", i), types.UID(fmt.Sprintf("uid-fraction-%d", i))
+		res := c.allocate(cl, true)
+		if res == nil {
+			break
+		}
+		if len(res) != 1 || res[0].ShareID == nil {
+			t.Fatalf("claim %d: %+v, want one shared device", i, res)
+		}
+		if got := res[0].ConsumedCapacity[dra.CapMemory]; got.Cmp(resource.MustParse("10Gi")) != 0 {
+			t.Errorf("claim %d consumed %s of memory, want 10Gi", i, got.String())
+		}
+		per[res[0].Device]++
+		if i > 16 {
+			t.Fatal("more 10 GiB claims fit than four 24 GiB GPUs hold")
+		}
+	}
+	want := map[string]int{"gpu-0": 2, "gpu-1": 2, "gpu-2": 2, "gpu-3": 2}
+	if !maps.Equal(per, want) {
+		t.Errorf("claims per GPU %v, want two on each shared GPU (24 GiB each)", per)
+	}
+	// The whole-GPU class never takes a shared GPU.
+	whole := names(c.allocate(allMode(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "whole", Namespace: "default", UID: "uid-whole"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: dra.ClassGPU}}}}}}), false))
+	if !slices.Equal(whole, []string{"gpu-4", "gpu-5", "gpu-6", "gpu-7"}) {
+		t.Errorf("whole GPUs %v, want gpu-4 to gpu-7", whole)
+	}
+}
+
+// TestFractionWithoutAmountTakesTheGPU: a claim of the fraction class that
+// asks no memory takes all of it, so nobody shares that GPU with it.
+func TestFractionWithoutAmountTakesTheGPU(t *testing.T) {
+	c := newCluster(t, "rtx4090x8-shared")
+	plain := docExamples(t)["fraction"].DeepCopy()
+	plain.Name, plain.UID = "plain", "uid-plain"
+	plain.Spec.Devices.Requests[0].Exactly.Capacity = nil
+	first := c.allocate(plain, true)
+	if len(first) != 1 {
+		t.Fatalf("plain claim: %+v", first)
+	}
+	for i := 0; i < 6; i++ {
+		cl := docExamples(t)["fraction"].DeepCopy()
+		cl.Name, cl.UID = fmt.Sprintf("f%d", i), types.UID(fmt.Sprintf("uid-f%d", i))
+		res := c.allocate(cl, true)
+		if res == nil {
+			t.Fatalf("claim %d found no room: three shared GPUs hold six", i)
+		}
+		if res[0].Device == first[0].Device {
+			t.Fatalf("claim %d shares %s with a claim that asked for all of it", i, first[0].Device)
+		}
 	}
 }

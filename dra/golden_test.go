@@ -20,29 +20,32 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/go
 
 // machine is a recorded machine the golden files cover.
 type machine struct {
-	name  string   // golden file and node name
-	paths []string // relative to the repository root
+	name   string   // golden file and node name
+	paths  []string // relative to the repository root
+	shared []int    // GPUs published as fractions
 }
 
 // machines are the recorded machines of the golden files: HGX boards with
 // NVSwitches (a recorded tree, nvidia-smi -q, a topo -m matrix), PCIe pairs
 // under switches with a NIC beside them, consumer cards on separate roots,
 // MIG with instances and MIG without, MI300X in SPX and CPX, MI210 in
-// xGMI hives, a machine with a critical Xid and one with a mixed load.
+// xGMI hives, a machine with a critical Xid and one with a mixed load, and
+// that machine again with half its GPUs shared as fractions.
 var machines = []machine{
-	{"hgx-h100-sysfs", []string{"testdata/fixtures/h100-hgx8-sysfs"}},
-	{"hgx-h100-smi", []string{"testdata/captures/nvidia-smi-q/h100x8-535.183.01-gpu75-slowdown.txt"}},
-	{"hgx-a100-topo", []string{"testdata/captures/nvidia-smi-topo/a100x8-nv12-17nic-topo-m.txt"}},
-	{"pcie-l40s-pairs", []string{"testdata/fixtures/pcie4-downtrained-acs"}},
-	{"pcie-rtx4090-two-roots", []string{"testdata/fixtures/consumer2-nop2p"}},
-	{"mig-a100-instances", []string{"testdata/captures/nvidia-smi-q-xml/a100-sxm4-80gb-mig-535.54.03.xml"}},
-	{"mig-h100-no-instances", []string{"testdata/captures/nvidia-smi-q/h100-vm-mig-4-instances-590.48.01-replays9-load.txt"}},
-	{"mi300x-spx", []string{"testdata/captures/amd-smi/mi300x-x8-rocm7.2.1-static.json"}},
-	{"mi300x-spx-rocm-smi", []string{"testdata/captures/rocm-smi/mi300x-x8-concise.txt"}},
-	{"mi300x-cpx", []string{"testdata/captures/kfd-topology/mi300x-x8-cpx.tar.gz"}},
-	{"mi210-xgmi-pcie", []string{"testdata/captures/kfd-topology/mi210-x8-xgmi-pcie"}},
-	{"rtx2080ti-xid-critical", []string{"testdata/captures/nvidia-bug-report/rtx2080ti-x4-440.31-xid62-xid13-xid31.log"}},
-	{"rtx4090x8-mixed-load", []string{"testdata/captures/nvidia-smi-q/rtx4090x8-535.154.05-mixed-load.txt"}},
+	{"hgx-h100-sysfs", []string{"testdata/fixtures/h100-hgx8-sysfs"}, nil},
+	{"hgx-h100-smi", []string{"testdata/captures/nvidia-smi-q/h100x8-535.183.01-gpu75-slowdown.txt"}, nil},
+	{"hgx-a100-topo", []string{"testdata/captures/nvidia-smi-topo/a100x8-nv12-17nic-topo-m.txt"}, nil},
+	{"pcie-l40s-pairs", []string{"testdata/fixtures/pcie4-downtrained-acs"}, nil},
+	{"pcie-rtx4090-two-roots", []string{"testdata/fixtures/consumer2-nop2p"}, nil},
+	{"mig-a100-instances", []string{"testdata/captures/nvidia-smi-q-xml/a100-sxm4-80gb-mig-535.54.03.xml"}, nil},
+	{"mig-h100-no-instances", []string{"testdata/captures/nvidia-smi-q/h100-vm-mig-4-instances-590.48.01-replays9-load.txt"}, nil},
+	{"mi300x-spx", []string{"testdata/captures/amd-smi/mi300x-x8-rocm7.2.1-static.json"}, nil},
+	{"mi300x-spx-rocm-smi", []string{"testdata/captures/rocm-smi/mi300x-x8-concise.txt"}, nil},
+	{"mi300x-cpx", []string{"testdata/captures/kfd-topology/mi300x-x8-cpx.tar.gz"}, nil},
+	{"mi210-xgmi-pcie", []string{"testdata/captures/kfd-topology/mi210-x8-xgmi-pcie"}, nil},
+	{"rtx2080ti-xid-critical", []string{"testdata/captures/nvidia-bug-report/rtx2080ti-x4-440.31-xid62-xid13-xid31.log"}, nil},
+	{"rtx4090x8-mixed-load", []string{"testdata/captures/nvidia-smi-q/rtx4090x8-535.154.05-mixed-load.txt"}, nil},
+	{"rtx4090x8-shared", []string{"testdata/captures/nvidia-smi-q/rtx4090x8-535.154.05-mixed-load.txt"}, []int{0, 1, 2, 3}},
 }
 
 func machineByName(t testing.TB, name string) machine {
@@ -74,7 +77,7 @@ func loadMachine(t testing.TB, m machine) *snapshot.Snapshot {
 
 func buildMachine(t testing.TB, m machine) *dra.Result {
 	t.Helper()
-	r, err := dra.Build(context.Background(), dra.Input{Snapshot: loadMachine(t, m), NodeName: m.name})
+	r, err := dra.Build(context.Background(), dra.Input{Snapshot: loadMachine(t, m), NodeName: m.name, Shared: m.shared})
 	if err != nil {
 		t.Fatalf("%s: %v", m.name, err)
 	}

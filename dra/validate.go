@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -120,6 +121,14 @@ func ValidateDevice(d resourceapi.Device) error {
 		if c.Value.Sign() < 0 {
 			errs = append(errs, fmt.Errorf("device %q: capacity %q is negative", d.Name, name))
 		}
+		if c.RequestPolicy != nil {
+			if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+				errs = append(errs, fmt.Errorf("device %q: capacity %q has a request policy, but the device does not allow multiple allocations", d.Name, name))
+			}
+			if err := requestPolicy(c); err != nil {
+				errs = append(errs, fmt.Errorf("device %q: capacity %q: %w", d.Name, name, err))
+			}
+		}
 	}
 	if len(d.Taints) > resourceapi.DeviceTaintsMaxLength {
 		errs = append(errs, fmt.Errorf("device %q: %d taints, at most %d", d.Name, len(d.Taints), resourceapi.DeviceTaintsMaxLength))
@@ -215,6 +224,90 @@ func attributeValue(a resourceapi.DeviceAttribute) error {
 		}
 		if !IsSemver(v) {
 			return fmt.Errorf("version %q is not a semantic version (x.y.z)", v)
+		}
+	}
+	return nil
+}
+
+// maxValidValues is the API's limit of a request policy's valid values.
+const maxValidValues = 10
+
+// requestPolicy checks a shared capacity's request policy as the API does:
+// a default within the capacity, at most one of valid values and a valid
+// range, and a default that either allows.
+func requestPolicy(c resourceapi.DeviceCapacity) error {
+	p := c.RequestPolicy
+	within := func(what string, q *resource.Quantity) error {
+		if q == nil {
+			return nil
+		}
+		if q.Sign() < 0 {
+			return fmt.Errorf("request policy: %s %s is negative", what, q.String())
+		}
+		if q.Cmp(c.Value) > 0 {
+			return fmt.Errorf("request policy: %s %s is above the capacity %s", what, q.String(), c.Value.String())
+		}
+		return nil
+	}
+	if err := within("default", p.Default); err != nil {
+		return err
+	}
+	if p.ValidRange != nil && len(p.ValidValues) > 0 {
+		return errors.New("request policy: both valid values and a valid range")
+	}
+	if (p.ValidRange != nil || len(p.ValidValues) > 0) && p.Default == nil {
+		return errors.New("request policy: valid values or a range need a default")
+	}
+	if vs := p.ValidValues; len(vs) > 0 {
+		if len(vs) > maxValidValues {
+			return fmt.Errorf("request policy: %d valid values, at most %d", len(vs), maxValidValues)
+		}
+		found := false
+		for i := range vs {
+			if err := within("valid value", &vs[i]); err != nil {
+				return err
+			}
+			if i > 0 && vs[i].Cmp(vs[i-1]) <= 0 {
+				return errors.New("request policy: valid values not in ascending order")
+			}
+			found = found || vs[i].Cmp(*p.Default) == 0
+		}
+		if !found {
+			return fmt.Errorf("request policy: default %s is not a valid value", p.Default.String())
+		}
+	}
+	if r := p.ValidRange; r != nil {
+		if r.Min == nil {
+			return errors.New("request policy: a valid range without a minimum")
+		}
+		if err := within("minimum", r.Min); err != nil {
+			return err
+		}
+		if err := within("maximum", r.Max); err != nil {
+			return err
+		}
+		if p.Default.Cmp(*r.Min) < 0 || (r.Max != nil && (p.Default.Cmp(*r.Max) > 0 || r.Max.Cmp(*r.Min) < 0)) {
+			return fmt.Errorf("request policy: default %s is outside the valid range", p.Default.String())
+		}
+		if r.Step != nil {
+			if r.Step.Sign() <= 0 {
+				return errors.New("request policy: the step is not positive")
+			}
+			next := r.Min.DeepCopy()
+			next.Add(*r.Step)
+			if next.Cmp(c.Value) > 0 {
+				return errors.New("request policy: the minimum plus one step is above the capacity")
+			}
+			for what, q := range map[string]*resource.Quantity{"default": p.Default, "maximum": r.Max} {
+				if q == nil {
+					continue
+				}
+				off := q.DeepCopy()
+				off.Sub(*r.Min)
+				if off.Value()%r.Step.Value() != 0 {
+					return fmt.Errorf("request policy: %s %s is not the minimum plus whole steps", what, q.String())
+				}
+			}
 		}
 	}
 	return nil

@@ -41,6 +41,7 @@ func newPluginCmd() *cobra.Command {
 	var src sourceFlags
 	var kubeconfig, registrarDir, pluginDir, cdiDir, stateDir string
 	var recheck time.Duration
+	var shared string
 	cmd := &cobra.Command{
 		Use:   "plugin",
 		Short: "Run the kubelet plugin of gpu.kiln.dev on this node (a DaemonSet)",
@@ -48,7 +49,13 @@ func newPluginCmd() *cobra.Command {
 publishes the node's GPUs as ResourceSlices (and again only when they change:
 the node is read and kiln doctor run again every --recheck), prepares the
 devices allocated to a pod's claims as CDI devices in a spec per claim, and
-reports the devices' health to the kubelet.`,
+reports the devices' health to the kubelet.
+
+--shared publishes GPUs as fractions (class fraction.gpu.kiln.dev): one
+device that several claims hold at once, each asking for part of its memory
+("capacity: requests: memory: 10Gi"). It needs the cluster's
+DRAConsumableCapacity feature (on by default since Kubernetes 1.36); the
+plugin checks, and where it is off publishes those GPUs whole and says so.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if src.node == "" {
 				return &exitError{code: 3, err: fmt.Errorf("give the node's name with --node or NODE_NAME (the DaemonSet sets it from spec.nodeName)")}
@@ -70,7 +77,7 @@ reports the devices' health to the kubelet.`,
 			drv, err := plugin.Start(cmd.Context(), plugin.Config{
 				NodeName: src.node, KubeClient: client, Load: load,
 				RegistrarDir: registrarDir, PluginDir: pluginDir, StateDir: stateDir, CDIDir: cdiDir,
-				CDI: opts, DriverRoot: driverRoot, Recheck: recheck,
+				CDI: opts, DriverRoot: driverRoot, Recheck: recheck, Shared: shared,
 			})
 			if err != nil {
 				return &exitError{code: 3, err: err}
@@ -89,5 +96,6 @@ reports the devices' health to the kubelet.`,
 	fl.StringVar(&stateDir, "state-dir", "", "where the checkpoint is kept (default the plugin folder)")
 	fl.StringVar(&cdiDir, "cdi-dir", "", "where the per-claim CDI specs go (default /var/run/cdi)")
 	fl.DurationVar(&recheck, "recheck", 5*time.Minute, "how often to read the node and run the doctor again")
+	fl.StringVar(&shared, "shared", os.Getenv("KILN_DRA_SHARED"), "GPUs to publish as fractions that several claims share: all, or indices such as 0,2 (default $KILN_DRA_SHARED, else none)")
 	return cmd
 }

@@ -38,9 +38,9 @@ func (f *sourceFlags) options() discover.Options {
 
 func newSlicesCmd() *cobra.Command {
 	var src sourceFlags
-	var format string
+	var format, sharedSpec string
 	cmd := &cobra.Command{
-		Use:   "slices [--from CAPTURE...] [-o json|yaml]",
+		Use:   "slices [--from CAPTURE...] [--shared all|0,2] [-o json|yaml]",
 		Short: "Print the ResourceSlices kiln would publish for this node or a recorded one",
 		Long: `kiln-dra slices prints, as resource.k8s.io/v1 ResourceSlice objects, what the
 kubelet plugin would publish for this machine (or for the captures given):
@@ -58,7 +58,11 @@ installing the driver. Notes on what was left out go to standard error.`,
 			if src.node == "" && dra.DNSSubdomain(s.Host.Hostname) == "" {
 				return &exitError{code: 3, err: fmt.Errorf("the machine has no host name to use as its node name: give it with --node NAME")}
 			}
-			r, err := dra.Build(cmd.Context(), dra.Input{Snapshot: s, NodeName: dra.DNSSubdomain(src.node)})
+			shared, err := dra.ParseShared(sharedSpec, s)
+			if err != nil {
+				return &exitError{code: 3, err: err}
+			}
+			r, err := dra.Build(cmd.Context(), dra.Input{Snapshot: s, NodeName: dra.DNSSubdomain(src.node), Shared: shared})
 			if err != nil {
 				return &exitError{code: 3, err: err}
 			}
@@ -70,6 +74,7 @@ installing the driver. Notes on what was left out go to standard error.`,
 	}
 	src.add(cmd)
 	cmd.Flags().StringVarP(&format, "output", "o", "yaml", "output format: json or yaml")
+	cmd.Flags().StringVar(&sharedSpec, "shared", "", "GPUs to show as fractions, as kiln-dra plugin --shared would publish them where the cluster enables DRAConsumableCapacity: all, or indices such as 0,2")
 	return cmd
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -94,7 +96,11 @@ var recorded = map[string]string{
 	"mi210-xgmi-pcie":        "testdata/captures/kfd-topology/mi210-x8-xgmi-pcie",
 	"rtx2080ti-xid-critical": "testdata/captures/nvidia-bug-report/rtx2080ti-x4-440.31-xid62-xid13-xid31.log",
 	"rtx4090x8-mixed-load":   "testdata/captures/nvidia-smi-q/rtx4090x8-535.154.05-mixed-load.txt",
+	"rtx4090x8-shared":       "testdata/captures/nvidia-smi-q/rtx4090x8-535.154.05-mixed-load.txt",
 }
+
+// sharedGPUs are the GPUs published as fractions, by node.
+var sharedGPUs = map[string][]int{"rtx4090x8-shared": {0, 1, 2, 3}}
 
 const nicDriver = "nic.example.com"
 
@@ -129,7 +135,7 @@ func setup(t *testing.T) {
 		}
 		for name, p := range recorded {
 			s := loadRecorded(t, p)
-			r, err := dra.Build(ctx, dra.Input{Snapshot: s, NodeName: name})
+			r, err := dra.Build(ctx, dra.Input{Snapshot: s, NodeName: name, Shared: sharedGPUs[name]})
 			if err != nil {
 				setupErr = err
 				return
@@ -333,6 +339,9 @@ func TestAPIServerAcceptsEverySlice(t *testing.T) {
 						if i < len(s.Spec.Devices) && len(o.Spec.Devices[i].ConsumesCounters) != len(s.Spec.Devices[i].ConsumesCounters) {
 							t.Errorf("%s/%s: counters dropped", s.Name, o.Spec.Devices[i].Name)
 						}
+						if i < len(s.Spec.Devices) && !reflect.DeepEqual(o.Spec.Devices[i].AllowMultipleAllocations, s.Spec.Devices[i].AllowMultipleAllocations) {
+							t.Errorf("%s/%s: allowMultipleAllocations not kept", s.Name, o.Spec.Devices[i].Name)
+						}
 					}
 				}
 			}
@@ -365,6 +374,20 @@ func TestAPIServerRefusesWhatValidateRefuses(t *testing.T) {
 		attrs[resourceapi.QualifiedName(fmt.Sprintf("a%d", i))] = resourceapi.DeviceAttribute{StringValue: str("x")}
 	}
 	bad["33 attributes"] = resourceapi.Device{Name: "d", Attributes: attrs}
+	q := func(v string) *resource.Quantity { x := resource.MustParse(v); return &x }
+	yes := func() *bool { b := true; return &b }
+	policy := func(p resourceapi.CapacityRequestPolicy, multi *bool) resourceapi.Device {
+		return resourceapi.Device{Name: "d", AllowMultipleAllocations: multi,
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: resource.MustParse("24Gi"), RequestPolicy: &p}}}
+	}
+	bad["policy on a device not shared"] = policy(resourceapi.CapacityRequestPolicy{Default: q("1Gi")}, nil)
+	// kiln also refuses a default above the capacity, which the apiserver
+	// of 1.37 takes (and no claim could ever be given).
+	bad["range without a default"] = policy(resourceapi.CapacityRequestPolicy{ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: q("1Gi")}}, yes())
+	bad["default below the range"] = policy(resourceapi.CapacityRequestPolicy{Default: q("1Gi"), ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: q("2Gi")}}, yes())
+	bad["default off the steps"] = policy(resourceapi.CapacityRequestPolicy{Default: q("1536Mi"),
+		ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: q("1Gi"), Step: q("1Gi")}}, yes())
+	bad["values not ascending"] = policy(resourceapi.CapacityRequestPolicy{Default: q("1Gi"), ValidValues: []resource.Quantity{resource.MustParse("2Gi"), resource.MustParse("1Gi")}}, yes())
 	node := "hgx-h100-sysfs"
 	for why, d := range bad {
 		if dra.ValidateDevice(d) == nil {
@@ -667,4 +690,55 @@ func TestDeployAcceptedByAPIServer(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	slices.Sort(lines)
 	t.Logf("accepted (dry run):\n%s", strings.Join(lines, "\n"))
+}
+
+// TestSchedulerSharesFractions: the real scheduler puts claims that each
+// ask 10 GiB of a shared 24 GiB RTX 4090 two to a GPU, only on the shared
+// GPUs, and binds no ninth.
+func TestSchedulerSharesFractions(t *testing.T) {
+	setup(t)
+	node := "rtx4090x8-shared"
+	claim := docExample(t, "fraction")
+	per := map[string]int{}
+	for i := 0; i < 8; i++ {
+		_, cl := schedule(t, claim, node, 30*time.Second)
+		if cl == nil {
+			t.Fatalf("claim %d of 10 GiB not bound; four shared 24 GiB GPUs hold eight", i)
+		}
+		r := cl.Status.Allocation.Devices.Results
+		if len(r) != 1 || r[0].ShareID == nil {
+			t.Fatalf("claim %d: %+v, want one share of a device", i, r)
+		}
+		per[r[0].Device]++
+	}
+	if want := map[string]int{"gpu-0": 2, "gpu-1": 2, "gpu-2": 2, "gpu-3": 2}; !reflect.DeepEqual(per, want) {
+		t.Errorf("claims per GPU %v, want %v", per, want)
+	}
+	if _, cl := schedule(t, claim, node, 5*time.Second); cl != nil {
+		t.Errorf("a ninth 10 GiB claim was bound to %v: the shared GPUs are full", devicesOf(cl, dra.DriverName))
+	}
+}
+
+// TestConsumableCapacityProbe asks this control plane (the feature on, as
+// by default in 1.37) and one started with DRAConsumableCapacity=false
+// whether they keep shared devices.
+func TestConsumableCapacityProbe(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	on, err := plugin.ConsumableCapacity(ctx, cp.Client, "hgx-h100-sysfs")
+	if err != nil || !on {
+		t.Fatalf("default control plane: shares %v, %v; want true", on, err)
+	}
+	off, err := Start(ctx, t.TempDir(), Options{NoScheduler: true, FeatureGates: "DRAConsumableCapacity=false"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Stop()
+	if _, err := AddNode(ctx, off.Client, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	shares, err := plugin.ConsumableCapacity(ctx, off.Client, "n1")
+	if err != nil || shares {
+		t.Fatalf("control plane without DRAConsumableCapacity: shares %v, %v; want false", shares, err)
+	}
 }

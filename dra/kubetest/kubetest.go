@@ -58,6 +58,11 @@ type Options struct {
 	ControllerManager bool
 	// SchedulerQPS raises the scheduler's client limits (benchmarks).
 	SchedulerQPS int
+	// NoScheduler starts etcd and the apiserver only.
+	NoScheduler bool
+	// FeatureGates is passed to the apiserver and the scheduler
+	// ("DRAConsumableCapacity=false").
+	FeatureGates string
 	// Log receives the components' output; nil discards it.
 	Log io.Writer
 }
@@ -129,16 +134,20 @@ func Start(ctx context.Context, dir string, o Options) (cp *ControlPlane, err er
 	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
 		return nil, err
 	}
-	if err := cp.run(ctx, out, filepath.Join(bin, "kube-apiserver"),
-		"--etcd-servers="+etcdURL,
+	var gates []string
+	if o.FeatureGates != "" {
+		gates = []string{"--feature-gates=" + o.FeatureGates}
+	}
+	if err := cp.run(ctx, out, filepath.Join(bin, "kube-apiserver"), append([]string{
+		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(apiPort), "--cert-dir="+filepath.Join(dir, "certs"),
-		"--token-auth-file="+tokens, "--authorization-mode=RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+keyFile,
-		"--service-account-signing-key-file="+keyFile, "--service-cluster-ip-range=10.0.0.0/24",
+		"--secure-port=" + strconv.Itoa(apiPort), "--cert-dir=" + filepath.Join(dir, "certs"),
+		"--token-auth-file=" + tokens, "--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + keyFile,
+		"--service-account-signing-key-file=" + keyFile, "--service-cluster-ip-range=10.0.0.0/24",
 		"--endpoint-reconciler-type=none", "--allow-privileged=true",
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-		"--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000"); err != nil {
+		"--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000"}, gates...)...); err != nil {
 		return nil, err
 	}
 	host := "https://127.0.0.1:" + strconv.Itoa(apiPort)
@@ -166,7 +175,10 @@ current-context: local
 	if cp.Client, err = kubernetes.NewForConfig(cp.Config); err != nil {
 		return nil, err
 	}
-	schedArgs := []string{"--kubeconfig=" + cp.Kubeconfig, "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false"}
+	if o.NoScheduler {
+		return cp, nil
+	}
+	schedArgs := append([]string{"--kubeconfig=" + cp.Kubeconfig, "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false"}, gates...)
 	if o.SchedulerQPS > 0 {
 		schedArgs = append(schedArgs, "--kube-api-qps="+strconv.Itoa(o.SchedulerQPS), "--kube-api-burst="+strconv.Itoa(2*o.SchedulerQPS))
 	}

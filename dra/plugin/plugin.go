@@ -54,6 +54,10 @@ type Config struct {
 	// Recheck is how often the node is read and the doctor run again
 	// (default 5 minutes).
 	Recheck time.Duration
+	// Shared says which GPUs are published as fractions (dra.ParseShared:
+	// "all", "0,2"; empty: none). They are published whole where the
+	// apiserver does not keep shared devices (ConsumableCapacity).
+	Shared string
 }
 
 // Driver is a running plugin.
@@ -198,7 +202,22 @@ func (d *Driver) refresh(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reading the node: %w", err)
 	}
-	r, err := dra.Build(ctx, dra.Input{Snapshot: s, NodeName: d.cfg.NodeName})
+	shared, err := dra.ParseShared(d.cfg.Shared, s)
+	if err != nil {
+		return err
+	}
+	if len(shared) > 0 && d.cfg.KubeClient != nil {
+		ok, err := ConsumableCapacity(ctx, d.cfg.KubeClient, d.cfg.NodeName)
+		switch {
+		case err != nil:
+			d.log.Warn("the GPUs to share are published whole: kiln could not tell whether the cluster shares devices", "gpus", shared, "err", err)
+			shared = nil
+		case !ok:
+			d.log.Warn("this cluster does not enable DRAConsumableCapacity (a kube-apiserver and kube-scheduler feature gate, on by default since Kubernetes 1.36): the GPUs to share are published whole, one claim at a time", "gpus", shared)
+			shared = nil
+		}
+	}
+	r, err := dra.Build(ctx, dra.Input{Snapshot: s, NodeName: d.cfg.NodeName, Shared: shared})
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -103,11 +105,17 @@ func startPlugin(t *testing.T, ctx context.Context, client *fake.Clientset, m *m
 
 func startPluginRoot(t *testing.T, ctx context.Context, client *fake.Clientset, m *machine, d dirs, root fstest.MapFS) *Driver {
 	t.Helper()
+	return startPluginShared(t, ctx, client, m, d, root, "")
+}
+
+func startPluginShared(t *testing.T, ctx context.Context, client *fake.Clientset, m *machine, d dirs, root fstest.MapFS, shared string) *Driver {
+	t.Helper()
 	drv, err := Start(ctx, Config{
 		NodeName: node, KubeClient: client, Load: m.load,
 		RegistrarDir: d.reg, PluginDir: d.plugin, CDIDir: d.cdi,
 		CDI:     cdi.Options{Root: root, AssumeNodes: true},
 		Recheck: time.Hour,
+		Shared:  shared,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -412,5 +420,80 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// shareClaim is a claim allocated a share of device, consuming mem.
+func shareClaim(name string, uid types.UID, device, shareID, mem string) *resourceapi.ResourceClaim {
+	c := allocatedClaim(name, uid, device)
+	r := &c.Status.Allocation.Devices.Results[0]
+	if shareID != "" {
+		id := types.UID(shareID)
+		r.ShareID = &id
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{dra.CapMemory: resource.MustParse(mem)}
+	}
+	return c
+}
+
+// TestPrepareShares: claims holding shares of a shared GPU are prepared
+// side by side, each told its part of the memory; a claim that wants the
+// GPU alone, or a share of a GPU the node does not share, is refused.
+func TestPrepareShares(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := shareClaim("a", "uid-a", "gpu-0", "share-a", "10Gi")
+	b := shareClaim("b", "uid-b", "gpu-0", "share-b", "8Gi")
+	alone := shareClaim("alone", "uid-alone", "gpu-0", "", "")
+	notShared := shareClaim("ns", "uid-ns", "gpu-5", "share-ns", "1Gi")
+	client := newFake(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "u"}}, a, b, alone, notShared)
+	d := newDirs(t)
+	drv := startPluginShared(t, ctx, client, recorded(t, "testdata/captures/nvidia-smi-q/rtx4090x8-535.154.05-mixed-load.txt"), d, fstest.MapFS{}, "0,1")
+	defer drv.Stop()
+	for _, dev := range drv.Result().Devices() {
+		shared := dev.AllowMultipleAllocations != nil && *dev.AllowMultipleAllocations
+		if want := dev.Name == "gpu-0" || dev.Name == "gpu-1"; shared != want {
+			t.Errorf("%s: shared %v, want %v", dev.Name, shared, want)
+		}
+	}
+	res, err := drv.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{a, b})
+	if err != nil || res["uid-a"].Err != nil || res["uid-b"].Err != nil {
+		t.Fatalf("two shares of one GPU: %v %v %v", err, res["uid-a"].Err, res["uid-b"].Err)
+	}
+	spec := readSpec(t, filepath.Join(d.cdi, "kiln.dev-claim-uid-a.json"))
+	if !slices.Contains(spec.Devices[0].ContainerEdits.Env, "KILN_GPU_MEMORY_BYTES=10737418240") {
+		t.Errorf("claim a's container env %v, want its 10 GiB part", spec.Devices[0].ContainerEdits.Env)
+	}
+	res, err = drv.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{alone, notShared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res["uid-alone"].Err == nil || !strings.Contains(res["uid-alone"].Err.Error(), "shared with claim") {
+		t.Errorf("a claim wanting a shared GPU alone: %v", res["uid-alone"].Err)
+	}
+	if res["uid-ns"].Err == nil || !strings.Contains(res["uid-ns"].Err.Error(), "does not share it") {
+		t.Errorf("a share of a GPU the node does not share: %v", res["uid-ns"].Err)
+	}
+}
+
+// TestSharedPublishedWholeWithoutTheFeature: an apiserver without
+// DRAConsumableCapacity drops allowMultipleAllocations; the plugin sees it
+// in its dry run and publishes the GPUs whole instead of shared in name.
+func TestSharedPublishedWholeWithoutTheFeature(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := newFake(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "u"}})
+	client.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		s := a.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice)
+		for i := range s.Spec.Devices {
+			s.Spec.Devices[i].AllowMultipleAllocations = nil
+		}
+		return false, nil, nil
+	})
+	drv := startPluginShared(t, ctx, client, recorded(t, "testdata/captures/nvidia-smi-q/rtx4090x8-535.154.05-mixed-load.txt"), newDirs(t), fstest.MapFS{}, "all")
+	defer drv.Stop()
+	for _, dev := range drv.Result().Devices() {
+		if dev.AllowMultipleAllocations != nil || dev.Attributes[dra.AttrType].StringValue == nil || *dev.Attributes[dra.AttrType].StringValue != dra.TypeGPU {
+			t.Errorf("%s published as shared on a cluster that cannot share", dev.Name)
+		}
 	}
 }

@@ -42,6 +42,9 @@ type preparedDevice struct {
 	Pool     string   `json:"pool"`
 	Device   string   `json:"device"`
 	CDIIDs   []string `json:"cdi_ids"`
+	// ShareID is set where the claim holds a share of a device that other
+	// claims may share (a fraction).
+	ShareID string `json:"share_id,omitempty"`
 }
 
 func loadCheckpoint(p string) (*checkpoint, error) {
@@ -111,10 +114,16 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (preparedClaim, error) {
 	if c.Status.Allocation == nil {
 		return preparedClaim{}, fmt.Errorf("claim %s/%s is not allocated", c.Namespace, c.Name)
 	}
-	inUse := map[string]string{}
+	// Devices held by other claims: alone, or as shares.
+	inUse, sharedBy := map[string]string{}, map[string]string{}
 	for uid, pc := range d.ckpt.Claims {
 		for _, pd := range pc.Devices {
-			inUse[pd.Device] = pc.Namespace + "/" + pc.Name + " (" + uid + ")"
+			who := pc.Namespace + "/" + pc.Name + " (" + uid + ")"
+			if pd.ShareID != "" {
+				sharedBy[pd.Device] = who
+			} else {
+				inUse[pd.Device] = who
+			}
 		}
 	}
 	opts := d.cfg.CDI
@@ -147,13 +156,30 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (preparedClaim, error) {
 		if !ok {
 			return preparedClaim{}, fmt.Errorf("device %s is not one of this node's devices (any more)", r.Device)
 		}
+		shareID := ""
+		if r.ShareID != nil {
+			shareID = string(*r.ShareID)
+		}
+		switch {
+		case shareID != "" && !t.Shared:
+			return preparedClaim{}, fmt.Errorf("device %s is allocated as a share, but this node does not share it", r.Device)
+		case shareID == "":
+			if other, ok := sharedBy[r.Device]; ok {
+				return preparedClaim{}, fmt.Errorf("device %s is shared with claim %s, and this claim wants it alone", r.Device, other)
+			}
+		}
 		edits, err := editsFor(t, byName)
 		if err != nil {
 			return preparedClaim{}, fmt.Errorf("device %s: %w", r.Device, err)
 		}
+		if mem, ok := r.ConsumedCapacity[dra.CapMemory]; ok && t.Shared {
+			// The job's part of the shared GPU's memory, for it to size
+			// itself by: time-sliced GPUs do not confine memory.
+			edits.Env = append(append([]string(nil), edits.Env...), fmt.Sprintf("KILN_GPU_MEMORY_BYTES=%d", mem.Value()))
+		}
 		name := string(c.UID) + "-" + r.Device
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: name, ContainerEdits: edits})
-		pc.Devices = append(pc.Devices, preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, CDIIDs: []string{cdi.QualifiedName(name)}})
+		pc.Devices = append(pc.Devices, preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, CDIIDs: []string{cdi.QualifiedName(name)}, ShareID: shareID})
 	}
 	if len(spec.Devices) > 0 {
 		cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(d.cfg.CDIDir), cdiapi.WithAutoRefresh(false))
