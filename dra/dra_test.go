@@ -323,3 +323,26 @@ func TestFitDropsAttributes(t *testing.T) {
 		t.Errorf("notes %v, want one saying what was left out", b.res.Notes)
 	}
 }
+
+// FuzzParseShared: any --shared text gives an error or indices, never a
+// panic; "all" is every GPU and indices come back as given.
+func FuzzParseShared(f *testing.F) {
+	for _, s := range []string{"", "all", "none", "0,2", " 1 , 3 ", "-1", "x", "0,,1", "99999999999999999999"} {
+		f.Add(s)
+	}
+	snap := &snapshot.Snapshot{GPUs: []snapshot.GPU{{Index: 0}, {Index: 1}, {Index: 3}}}
+	f.Fuzz(func(t *testing.T, spec string) {
+		got, err := ParseShared(spec, snap)
+		if err != nil {
+			return
+		}
+		for _, i := range got {
+			if i < 0 {
+				t.Fatalf("%q gave the negative index %d", spec, i)
+			}
+		}
+		if strings.TrimSpace(spec) == "all" && len(got) != len(snap.GPUs) {
+			t.Fatalf("all gave %v", got)
+		}
+	})
+}
