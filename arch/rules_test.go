@@ -28,8 +28,9 @@ var analysis = []string{
 	"compat", "compat/fatbin", "compat/offload", "compat/elfsect",
 	"sched", "sched/shapes", "sched/frag",
 	"unwrap", "kmsg", "textsafe", "units", "version",
-	"gpubench", // not its drivers (cudadrv, hip, nccl, hostmem), which load libraries and place memory
-	"dra",      // not dra/plugin or dra/kubetest, which talk to a cluster
+	"gpubench",  // not its drivers (cudadrv, hip, nccl, hostmem), which load libraries and place memory
+	"dra",       // not dra/plugin or dra/kubetest, which talk to a cluster
+	"admission", // not admission/webhook, which reads registries and the cluster
 	"lease", "placement", "demo",
 }
 

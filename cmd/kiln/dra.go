@@ -41,7 +41,7 @@ Build it with: go build -o $(dirname $(which kiln))/kiln-dra ./cmd/kiln-dra`,
 func newKubeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kube",
-		Short: "Kubernetes without DRA: node labels (runs kiln-dra)",
+		Short: "Kubernetes: node labels, the admission webhook (runs kiln-dra)",
 		Args:  cobra.NoArgs,
 	}
 	cmd.AddCommand(&cobra.Command{
@@ -55,6 +55,18 @@ them on the node. It is 'kiln dra label': both run kiln-dra.`,
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDRA(cmd, append([]string{"label"}, args...))
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "webhook --cert FILE --key FILE [--listen :8443]",
+		Short: "The admission webhook: refuse Pods whose images run on no GPU of the cluster",
+		Long: `kiln kube webhook serves kiln's admission webhook: a Pod with GPU claims
+whose images run on no gpu.kiln.dev device of the cluster is refused with kiln
+compat's reason and fix, and claims made for a Pod are kept to the devices
+that run its images. It is 'kiln-dra webhook' (see its --help).`,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runDRA(cmd, append([]string{"webhook"}, args...))
 		},
 	})
 	return cmd

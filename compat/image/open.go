@@ -34,6 +34,13 @@ type OpenOptions struct {
 	Insecure bool
 	// Platform picks the image of a multi-platform index; nil means linux/amd64.
 	Platform *v1.Platform
+	// RegistryOnly reads registry references only, never a file or
+	// directory of this machine: for references that come from others
+	// (a Pod's image, in the admission webhook).
+	RegistryOnly bool
+	// Keychain gives the registry credentials; nil means the docker
+	// config's (authn.DefaultKeychain).
+	Keychain authn.Keychain
 }
 
 // Image is an opened image and where it came from.
@@ -75,7 +82,11 @@ func Open(ctx context.Context, ref string, o OpenOptions) (*Image, error) {
 			local, explicit = strings.TrimPrefix(ref, p), p
 		}
 	}
-	if st, err := os.Stat(local); err == nil {
+	if o.RegistryOnly {
+		if explicit != "" || strings.HasPrefix(ref, "/") || strings.HasPrefix(ref, ".") {
+			return nil, fmt.Errorf("%q is not a registry reference (files and directories are not read here)", ref)
+		}
+	} else if st, err := os.Stat(local); err == nil {
 		if st.IsDir() {
 			img, err := openLayout(local, plat)
 			if err != nil {
@@ -99,9 +110,13 @@ func Open(ctx context.Context, ref string, o OpenOptions) (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%q is neither a file, a directory nor an image reference: %w", ref, err)
 	}
+	keychain := o.Keychain
+	if keychain == nil {
+		keychain = authn.DefaultKeychain
+	}
 	ropts := []remote.Option{
 		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		remote.WithAuthFromKeychain(keychain),
 		remote.WithPlatform(plat),
 	}
 	img, err := remote.Image(r, ropts...)

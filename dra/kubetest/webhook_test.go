@@ -1,0 +1,214 @@
+package kubetest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kiln.dev/kiln/admission/webhook"
+	"kiln.dev/kiln/compat/imagetest"
+	"kiln.dev/kiln/dra"
+	"kiln.dev/kiln/version"
+)
+
+// webhookNS is the only namespace the test's webhook is registered for,
+// so that the other tests' Pods are not checked.
+const webhookNS = "kiln-webhook"
+
+// serveWebhook serves h over TLS on loopback with a certificate for
+// 127.0.0.1; it returns the address and the CA bundle.
+func serveWebhook(t *testing.T, h http.Handler) (addr string, caPEM []byte, stop func()) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kiln webhook test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}
+	go srv.ServeTLS(ln, "", "")
+	return ln.Addr().String(), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), func() { srv.Close() }
+}
+
+// register registers the webhook's two paths at addr for webhookNS.
+func register(t *testing.T, addr string, ca []byte, policy admissionregv1.FailurePolicyType) {
+	t.Helper()
+	ctx := context.Background()
+	none := admissionregv1.SideEffectClassNone
+	timeout := int32(10)
+	ns := &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": webhookNS}}
+	url := func(p string) *string { u := "https://" + addr + p; return &u }
+	vwc := &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kiln-test"},
+		Webhooks: []admissionregv1.ValidatingWebhook{{Name: "pods.gpu.kiln.dev", ClientConfig: admissionregv1.WebhookClientConfig{URL: url(webhook.PathPods), CABundle: ca},
+			Rules: []admissionregv1.RuleWithOperations{{Operations: []admissionregv1.OperationType{admissionregv1.Create},
+				Rule: admissionregv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
+			FailurePolicy: &policy, SideEffects: &none, AdmissionReviewVersions: []string{"v1"}, TimeoutSeconds: &timeout, NamespaceSelector: ns}}}
+	mwc := &admissionregv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kiln-test"},
+		Webhooks: []admissionregv1.MutatingWebhook{{Name: "claims.gpu.kiln.dev", ClientConfig: admissionregv1.WebhookClientConfig{URL: url(webhook.PathClaims), CABundle: ca},
+			Rules: []admissionregv1.RuleWithOperations{{Operations: []admissionregv1.OperationType{admissionregv1.Create},
+				Rule: admissionregv1.Rule{APIGroups: []string{"resource.k8s.io"}, APIVersions: []string{"v1"}, Resources: []string{"resourceclaims"}}}},
+			FailurePolicy: &policy, SideEffects: &none, AdmissionReviewVersions: []string{"v1"}, TimeoutSeconds: &timeout, NamespaceSelector: ns}}}
+	ar := cp.Client.AdmissionregistrationV1()
+	_ = ar.ValidatingWebhookConfigurations().Delete(ctx, vwc.Name, metav1.DeleteOptions{})
+	_ = ar.MutatingWebhookConfigurations().Delete(ctx, mwc.Name, metav1.DeleteOptions{})
+	if _, err := ar.ValidatingWebhookConfigurations().Create(ctx, vwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ar.MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ar.ValidatingWebhookConfigurations().Delete(context.Background(), vwc.Name, metav1.DeleteOptions{})
+		_ = ar.MutatingWebhookConfigurations().Delete(context.Background(), mwc.Name, metav1.DeleteOptions{})
+	})
+	// The apiserver reads webhook configurations through an informer.
+	time.Sleep(2 * time.Second)
+}
+
+// knownDrivers shows the webhook the recorded nodes whose data give the
+// GPU driver's version: one recorded node (an nvidia-smi topo -m capture)
+// has none, and on it kiln cannot tell whether an image runs, so a Pod is
+// never refused while it is in the fleet (TestWebhook in package webhook
+// checks that warning).
+type knownDrivers struct{ webhook.KubeCluster }
+
+func (c knownDrivers) Slices(ctx context.Context) ([]resourceapi.ResourceSlice, error) {
+	all, err := c.KubeCluster.Slices(ctx)
+	var out []resourceapi.ResourceSlice
+	for _, s := range all {
+		known := s.Spec.Driver == dra.DriverName
+		for _, d := range s.Spec.Devices {
+			if _, ok := d.Attributes[dra.AttrDriverVersion]; !ok {
+				known = false
+			}
+		}
+		if known {
+			out = append(out, s)
+		}
+	}
+	return out, err
+}
+
+// TestWebhookWithTheAPIServer registers kiln's webhook with the real
+// apiserver over TLS, with images in a real registry and kiln's slices of
+// the recorded nodes: an image that needs CUDA 13.0 (no node's driver runs
+// it) is refused with kiln's reason; a CUDA 12.4 image's claim, made from
+// its Pod's template by the real controller, is kept by the webhook's
+// selector to devices whose driver runs CUDA 12.4, and the real scheduler
+// puts it there; with the webhook down, the failure policy decides.
+func TestWebhookWithTheAPIServer(t *testing.T) {
+	setup(t)
+	ctx := context.Background()
+	reg := imagetest.NewTestRegistry(t)
+	push := func(name string, spec imagetest.Spec) string {
+		img, err := imagetest.Image(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref, err := imagetest.Push(reg.Host, "lab/"+name, "v1", img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ref
+	}
+	cuda124 := push("cuda124", imagetest.Spec{CUDA: "12.4.127", Env: map[string]string{"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}})
+	cuda130 := push("cuda130", imagetest.Spec{CUDA: "13.9.10", Env: map[string]string{"CUDA_VERSION": "13.9.0", "NVIDIA_REQUIRE_CUDA": "cuda>=13.9"}})
+
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: webhookNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h := webhook.Handler(webhook.Config{Images: &webhook.Registry{Insecure: true}, Cluster: knownDrivers{webhook.KubeCluster{Client: cp.Client}}})
+	addr, ca, stop := serveWebhook(t, h)
+	register(t, addr, ca, admissionregv1.Fail)
+
+	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: webhookNS},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: dra.ClassGPU}}}}}}}
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(webhookNS).Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, image string) *v1.Pod {
+		tn := "gpu"
+		p := PodFor(name, webhookNS, "", "")
+		p.Spec.Containers[0].Image = image
+		p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tn}}
+		return p
+	}
+
+	_, err := cp.Client.CoreV1().Pods(webhookNS).Create(ctx, pod("new-cuda", cuda130), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "runs on no GPU of this cluster") || !strings.Contains(err.Error(), "13.9") {
+		t.Fatalf("a pod whose image needs CUDA 13.9 was not refused with kiln's reason: %v", err)
+	}
+	t.Logf("refused: %.300s", err)
+
+	if _, err := cp.Client.CoreV1().Pods(webhookNS).Create(ctx, pod("cuda124", cuda124), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("a pod whose image runs on part of the fleet was refused: %v", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		p, err := cp.Client.CoreV1().Pods(webhookNS).Get(ctx, "cuda124", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Spec.NodeName != "" && len(p.Status.ResourceClaimStatuses) == 1 && p.Status.ResourceClaimStatuses[0].ResourceClaimName != nil {
+			cl, err := cp.Client.ResourceV1().ResourceClaims(webhookNS).Get(ctx, *p.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cl.Spec.Devices.Requests[0].Exactly.Selectors) != 1 {
+				t.Fatalf("the claim has no selector from kiln: %+v", cl.Spec.Devices.Requests[0].Exactly)
+			}
+			d := device(t, p.Spec.NodeName, devicesOf(cl, dra.DriverName)[0])
+			cuda := d.Attributes[dra.AttrCUDADriverVersion].VersionValue
+			if cuda == nil {
+				t.Fatalf("placed on %s/%s, which has no cudaDriverVersion", p.Spec.NodeName, d.Name)
+			}
+			if c, ok := version.Compare(*cuda, "12.4.0"); !ok || c < 0 {
+				t.Fatalf("placed on %s/%s, whose driver runs CUDA %s: the image needs 12.4", p.Spec.NodeName, d.Name, *cuda)
+			}
+			t.Logf("placed on %s/%s (driver CUDA %s)", p.Spec.NodeName, d.Name, *cuda)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod was not bound: %+v", p.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The webhook down: with failurePolicy Fail the apiserver refuses the
+	// Pod; with Ignore it takes it.
+	stop()
+	if _, err := cp.Client.CoreV1().Pods(webhookNS).Create(ctx, pod("down-fail", cuda124), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "failed calling webhook") {
+		t.Errorf("webhook down, failure policy Fail: %v", err)
+	}
+	register(t, addr, ca, admissionregv1.Ignore)
+	if _, err := cp.Client.CoreV1().Pods(webhookNS).Create(ctx, pod("down-ignore", cuda124), metav1.CreateOptions{}); err != nil {
+		t.Errorf("webhook down, failure policy Ignore: %v", err)
+	}
+}
