@@ -60,7 +60,9 @@ type fakeCluster struct {
 	pods   map[string]*corev1.Pod
 }
 
-func (c *fakeCluster) Slices(context.Context) ([]resourceapi.ResourceSlice, error) { return c.slices, nil }
+func (c *fakeCluster) Slices(context.Context) ([]resourceapi.ResourceSlice, error) {
+	return c.slices, nil
+}
 func (c *fakeCluster) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
 	if p := c.pods[ns+"/"+name]; p != nil {
 		return p, nil
