@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
 
 	"kiln.dev/kiln/admission/webhook"
 	"kiln.dev/kiln/compat/image"
@@ -68,6 +69,43 @@ Pods in kube-system, kube-public and kube-node-lease are never checked.`,
 	fl.StringVar(&keyFile, "key", "", "the certificate's private key (PEM)")
 	fl.BoolVar(&insecureRegistries, "insecure-registries", false, "allow plain-HTTP registries (an air-gapped lab's)")
 	fl.DurationVar(&timeout, "timeout", 8*time.Second, "how long to read a Pod's images before allowing it with a warning (keep it under the webhook's timeoutSeconds)")
+	cmd.AddCommand(newWebhookManifestsCmd())
+	return cmd
+}
+
+func newWebhookManifestsCmd() *cobra.Command {
+	var o webhook.ManifestOptions
+	var policy string
+	cmd := &cobra.Command{
+		Use:   "manifests [--namespace kiln-system] [--image REF] [--failure-policy Fail|Ignore]",
+		Short: "Print the objects that install the webhook, with a certificate made for it",
+		Long: `kiln-dra webhook manifests prints, as YAML, what installs the admission webhook:
+a serving certificate for its Service signed by a CA made on the spot (the CA's
+key is not kept, so nothing else can be signed with it), the Secret holding
+it, the ServiceAccount and ClusterRole (read ResourceSlices, Pods and the pull
+secrets Pods name), the Deployment and Service, and the Validating and
+Mutating webhook configurations with the CA bundle. The output holds a private
+key: apply it directly,
+
+  kiln-dra webhook manifests | kubectl apply -f -
+
+and run it again to renew the certificate.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.FailurePolicy = admissionregv1.FailurePolicyType(policy)
+			objs, err := webhook.Manifests(o)
+			if err != nil {
+				return &exitError{code: 3, err: err}
+			}
+			return writeList(cmd.OutOrStdout(), "yaml", objs)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Namespace, "namespace", "kiln-system", "namespace of the webhook")
+	fl.StringVar(&o.Name, "name", "kiln-webhook", "name of its Deployment, Service and configurations")
+	fl.StringVar(&o.Image, "image", "kiln.dev/kiln:latest", "image with kiln-dra (a local registry's, in an air-gapped lab)")
+	fl.StringVar(&policy, "failure-policy", "Fail", "what the apiserver does while the webhook is down: Fail (refuse Pods with claims) or Ignore (let them through)")
+	fl.BoolVar(&o.InsecureRegistries, "insecure-registries", false, "let the webhook read plain-HTTP registries")
 	return cmd
 }
 

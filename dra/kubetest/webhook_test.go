@@ -17,7 +17,9 @@ import (
 	"time"
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -210,5 +212,69 @@ func TestWebhookWithTheAPIServer(t *testing.T) {
 	register(t, addr, ca, admissionregv1.Ignore)
 	if _, err := cp.Client.CoreV1().Pods(webhookNS).Create(ctx, pod("down-ignore", cuda124), metav1.CreateOptions{}); err != nil {
 		t.Errorf("webhook down, failure policy Ignore: %v", err)
+	}
+}
+
+// TestWebhookManifestsAccepted: what kiln-dra webhook manifests prints is
+// accepted by the real apiserver (a server-side dry run), and its serving
+// certificate is valid for the Service's name under the CA bundle.
+func TestWebhookManifestsAccepted(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	objs, err := webhook.Manifests(webhook.ManifestOptions{Namespace: "kiln-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kiln-system"}}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	var secret *v1.Secret
+	var ca []byte
+	for _, o := range objs {
+		var err error
+		switch o := o.(type) {
+		case *v1.ServiceAccount:
+			_, err = cp.Client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, dry)
+		case *rbacv1.ClusterRole:
+			_, err = cp.Client.RbacV1().ClusterRoles().Create(ctx, o, dry)
+		case *rbacv1.ClusterRoleBinding:
+			_, err = cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, dry)
+		case *v1.Secret:
+			secret = o
+			_, err = cp.Client.CoreV1().Secrets(o.Namespace).Create(ctx, o, dry)
+		case *appsv1.Deployment:
+			_, err = cp.Client.AppsV1().Deployments(o.Namespace).Create(ctx, o, dry)
+		case *v1.Service:
+			_, err = cp.Client.CoreV1().Services(o.Namespace).Create(ctx, o, dry)
+		case *admissionregv1.ValidatingWebhookConfiguration:
+			ca = o.Webhooks[0].ClientConfig.CABundle
+			_, err = cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, o, dry)
+		case *admissionregv1.MutatingWebhookConfiguration:
+			_, err = cp.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, o, dry)
+		default:
+			t.Fatalf("unexpected object %T", o)
+		}
+		if err != nil {
+			t.Errorf("the apiserver refused %T: %v", o, err)
+		}
+	}
+	if secret == nil || ca == nil {
+		t.Fatal("no Secret or no CA bundle")
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		t.Fatal("the CA bundle is not PEM")
+	}
+	block, _ := pem.Decode(secret.Data[v1.TLSCertKey])
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "kiln-webhook.kiln-system.svc", Roots: pool}); err != nil {
+		t.Errorf("the serving certificate does not verify for the Service: %v", err)
+	}
+	if _, err := tls.X509KeyPair(secret.Data[v1.TLSCertKey], secret.Data[v1.TLSPrivateKeyKey]); err != nil {
+		t.Errorf("certificate and key do not pair: %v", err)
 	}
 }
