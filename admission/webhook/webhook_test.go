@@ -101,7 +101,6 @@ func gpuPod(name string, images ...string) *corev1.Pod {
 	return p
 }
 
-
 // review posts an AdmissionReview of obj to the webhook.
 func review(t *testing.T, url, kind string, obj runtime.Object, ns string) *admissionv1.AdmissionResponse {
 	t.Helper()
