@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -56,8 +57,9 @@ func fleetSlices(t *testing.T) []resourceapi.ResourceSlice {
 
 // fakeCluster answers from memory.
 type fakeCluster struct {
-	slices []resourceapi.ResourceSlice
-	pods   map[string]*corev1.Pod
+	slices  []resourceapi.ResourceSlice
+	pods    map[string]*corev1.Pod
+	secrets map[string]DockerConfig // namespace/name
 }
 
 func (c *fakeCluster) Slices(context.Context) ([]resourceapi.ResourceSlice, error) {
@@ -69,8 +71,14 @@ func (c *fakeCluster) Pod(_ context.Context, ns, name string) (*corev1.Pod, erro
 	}
 	return nil, fmt.Errorf("pod %s/%s not found", ns, name)
 }
-func (c *fakeCluster) PullSecrets(context.Context, string, []string) ([]DockerConfig, error) {
-	return nil, nil
+func (c *fakeCluster) PullSecrets(_ context.Context, ns string, names []string) ([]DockerConfig, error) {
+	var out []DockerConfig
+	for _, n := range names {
+		if d, ok := c.secrets[ns+"/"+n]; ok {
+			out = append(out, d)
+		}
+	}
+	return out, nil
 }
 
 // counting counts the images read.
@@ -291,4 +299,46 @@ func FuzzReview(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPullSecrets: an image in a registry that wants credentials is read
+// with the Pod's pull secret, and without one it is a warning, not a
+// verdict; another namespace's secret is never used.
+func TestPullSecrets(t *testing.T) {
+	bin := imagetest.NeedRegistry(t)
+	reg, err := imagetest.StartRegistryAuth(bin, t.TempDir(), "lab", "s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Stop()
+	img, err := imagetest.Image(imagetest.Spec{CUDA: "13.9.10", Env: map[string]string{"CUDA_VERSION": "13.9.0", "NVIDIA_REQUIRE_CUDA": "cuda>=13.9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := imagetest.PushAuth(reg.Host, "private/cuda", "v1", img, &authn.Basic{Username: "lab", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dc DockerConfig
+	if err := json.Unmarshal([]byte(`{"auths":{"`+reg.Host+`":{"username":"lab","password":"s3cret"}}}`), &dc); err != nil {
+		t.Fatal(err)
+	}
+	cluster := &fakeCluster{slices: fleetSlices(t), secrets: map[string]DockerConfig{"lab/pull": dc, "other/theirs": dc}}
+	srv := httptest.NewServer(Handler(Config{Images: &Registry{Insecure: true}, Cluster: cluster}))
+	defer srv.Close()
+
+	p := gpuPod("private", ref)
+	r := review(t, srv.URL+PathPods, "Pod", p, "lab")
+	if !r.Allowed || len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], "could not read image") {
+		t.Fatalf("without a pull secret: %v %v", r.Allowed, r.Warnings)
+	}
+	p.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "theirs"}}
+	if r := review(t, srv.URL+PathPods, "Pod", p, "lab"); !r.Allowed || len(r.Warnings) != 1 {
+		t.Fatalf("with another namespace's secret name: %v %v", r.Allowed, r.Warnings)
+	}
+	p.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "pull"}}
+	r = review(t, srv.URL+PathPods, "Pod", p, "lab")
+	if r.Allowed || r.Result == nil || !strings.Contains(r.Result.Message, "13.9") {
+		t.Fatalf("with the pull secret the image is read and refused: %v %+v %v", r.Allowed, r.Result, r.Warnings)
+	}
 }

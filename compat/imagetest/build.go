@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -228,12 +229,17 @@ func Image(s Spec) (v1.Image, error) {
 
 // Push writes an image to the registry as host/repo:tag and returns the reference.
 func Push(host, repo, tag string, img v1.Image) (string, error) {
+	return PushAuth(host, repo, tag, img, authn.Anonymous)
+}
+
+// PushAuth is Push with credentials.
+func PushAuth(host, repo, tag string, img v1.Image, auth authn.Authenticator) (string, error) {
 	ref := host + "/" + repo + ":" + tag
 	r, err := name.ParseReference(ref, name.Insecure)
 	if err != nil {
 		return "", err
 	}
-	if err := remote.Write(r, img); err != nil {
+	if err := remote.Write(r, img, remote.WithAuth(auth)); err != nil {
 		return "", fmt.Errorf("pushing %s: %w", ref, err)
 	}
 	return ref, nil

@@ -5,6 +5,8 @@
 package imagetest
 
 import (
+	"golang.org/x/crypto/bcrypt"
+
 	"context"
 	"errors"
 	"fmt"
@@ -38,7 +40,15 @@ type Registry struct {
 // StartRegistry starts the docker-registry program bin (RegistryBinary
 // when "") with its storage in dir, listening on a free loopback port, and
 // waits until it answers.
-func StartRegistry(bin, dir string) (*Registry, error) {
+func StartRegistry(bin, dir string) (*Registry, error) { return startRegistry(bin, dir, "", "") }
+
+// StartRegistryAuth is StartRegistry for a registry that admits only user
+// with password (htpasswd), as a lab's private registry does.
+func StartRegistryAuth(bin, dir, user, password string) (*Registry, error) {
+	return startRegistry(bin, dir, user, password)
+}
+
+func startRegistry(bin, dir, user, password string) (*Registry, error) {
 	if bin == "" {
 		bin = RegistryBinary
 	}
@@ -67,6 +77,17 @@ storage:
 http:
   addr: %s
 `, storage, host)
+	if user != "" {
+		hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+		if err != nil {
+			return nil, err
+		}
+		htpasswd := filepath.Join(dir, "htpasswd")
+		if err := os.WriteFile(htpasswd, []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+		cfg += fmt.Sprintf("auth:\n  htpasswd:\n    realm: kiln-test\n    path: %s\n", htpasswd)
+	}
 	cfgPath := filepath.Join(dir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
@@ -88,7 +109,7 @@ http:
 		resp, err := http.Get("http://" + host + "/v2/")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusOK || (user != "" && resp.StatusCode == http.StatusUnauthorized) {
 				return r, nil
 			}
 		}
