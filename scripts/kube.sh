@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds a Kubernetes control plane for kiln's DRA tests from the Go module
 # proxy: etcd, kube-apiserver, kube-scheduler and kube-controller-manager, at
-# the version kiln's client libraries speak. Nothing is downloaded but Go
+# the version kiln's client libraries speak, and kubectl (it renders deploy/'s
+# kustomize base for the test that dry-runs it). Nothing is downloaded but Go
 # modules; the binaries are cached outside the repository, keyed by version,
-# and the build is skipped when all four are there.
+# and the build is skipped when all five are there.
 #
 #   scripts/kube.sh            build (or find) the binaries, print their folder
 #   KILN_KUBE_VERSION=1.37.2   the Kubernetes release (default below)
@@ -19,7 +20,7 @@ STAGING="v0.${VERSION#1.}"
 CACHE="${KILN_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/kube}"
 BIN="$CACHE/v$VERSION/bin"
 SRC="$CACHE/v$VERSION/src"
-BINARIES=(etcd kube-apiserver kube-scheduler kube-controller-manager)
+BINARIES=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl)
 
 say() { printf 'kube: %s\n' "$*" >&2; }
 
@@ -68,6 +69,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	_ "k8s.io/kubectl/pkg/cmd"
 )
 EOF
 say "resolving modules for Kubernetes v$VERSION"
@@ -90,5 +92,6 @@ build etcd go.etcd.io/etcd/server/v3
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+build kubectl k8s.io/kubernetes/cmd/kubectl
 say "done in $(($(date +%s) - START)) s: $BIN"
 echo "$BIN"

@@ -662,9 +662,19 @@ func ptr[T any](v T) *T { return &v }
 // accept every object (server-side dry run).
 func TestDeployAcceptedByAPIServer(t *testing.T) {
 	need(t)
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Skip("kubectl is not installed: it renders the kustomize base")
+	// scripts/kube.sh builds kubectl beside the control plane.
+	kubectl := ""
+	if dir, err := BinDir(); err == nil {
+		if p := filepath.Join(dir, "kubectl"); fileExists(p) {
+			kubectl = p
+		}
+	}
+	if kubectl == "" {
+		p, err := exec.LookPath("kubectl")
+		if err != nil {
+			t.Skip("no kubectl beside the control plane nor on PATH (scripts/kube.sh builds it): it renders the kustomize base")
+		}
+		kubectl = p
 	}
 	rendered, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "deploy")).Output()
 	if err != nil {
@@ -741,4 +751,9 @@ func TestConsumableCapacityProbe(t *testing.T) {
 	if err != nil || shares {
 		t.Fatalf("control plane without DRAConsumableCapacity: shares %v, %v; want false", shares, err)
 	}
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
 }
