@@ -1,0 +1,234 @@
+package kubetest
+
+import (
+	"context"
+	"encoding/pem"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kiln.dev/kiln/agent"
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/dra"
+	"kiln.dev/kiln/executor/kube"
+)
+
+// TestKilnServerOnKubernetes runs a real kiln server with kiln agents for
+// two recorded Kubernetes nodes whose jobs are Pods (executor/kube): a
+// lease with an image job becomes a ResourceClaim pinned to the GPUs kiln
+// chose and a Pod that the real scheduler binds there; the Pod's end (the
+// test writes the status a kubelet would, there being no kubelet) ends the
+// job with its exit code; cancelling a lease deletes its Pod and claim.
+func TestKilnServerOnKubernetes(t *testing.T) {
+	setup(t)
+	if testing.Short() {
+		t.Skip("builds kiln and starts its server")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "kiln")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kiln").CombinedOutput(); err != nil {
+		t.Fatalf("building kiln: %v\n%s", err, out)
+	}
+	data := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	url := "https://" + addr
+	srv := exec.Command(bin, "server", "--data", data, "--listen", addr, "--url", url, "--heartbeat-timeout", "10s")
+	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
+	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Signal(syscall.SIGTERM); srv.Wait() }()
+	cfgPath := filepath.Join(data, "admin-client.json")
+	var admin *api.Client
+	for deadline := time.Now().Add(30 * time.Second); admin == nil; time.Sleep(50 * time.Millisecond) {
+		if cfg, err := api.LoadClientConfig(cfgPath); err == nil {
+			if c, err := cfg.Client(); err == nil && c.Health(ctx) == nil {
+				admin = c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kiln server did not come up")
+		}
+	}
+	cfg, err := api.LoadClientConfig(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode([]byte(cfg.CAPEM))
+	nodes := []string{"pcie-l40s-pairs", "rtx4090x8-mixed-load"}
+	all, err := kube.GPUNodes(ctx, cp.Client)
+	if err != nil || !slices.Contains(all, nodes[0]) || !slices.Contains(all, nodes[1]) || slices.Contains(all, "no-such") {
+		t.Fatalf("GPU nodes %v %v", all, err)
+	}
+	jt, err := admin.CreateJoinToken(ctx, api.JoinTokenRequest{Uses: len(nodes)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range nodes {
+		id, err := agent.Join(ctx, url, jt.Secret, api.Fingerprint(block.Bytes), node, filepath.Join(t.TempDir(), node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ke := &kube.Executor{Client: cp.Client, Node: node, Poll: 100 * time.Millisecond}
+		node := node
+		ag, err := agent.New(agent.Config{Identity: id, Executor: ke, Containers: ke, Heartbeat: 300 * time.Millisecond,
+			CDIDir: t.TempDir(), WorkDir: t.TempDir(),
+			Discover: kube.Discover(cp.Client, node)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go ag.Run(ctx)
+	}
+	for _, node := range nodes {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			n, err := admin.Node(ctx, node)
+			if err == nil && n.State == api.NodeReady && n.Containers == "kubernetes" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s not ready for images: %+v %v", node, n, err)
+			}
+		}
+	}
+
+	// A lease of two GPUs with an image job.
+	l, err := admin.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 2, Job: &api.JobSpec{Image: "registry.local/train:1", Command: []string{"train"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = waitLease(t, admin, l.ID, func(l *api.Lease) bool { return l.State == api.LeaseGranted && len(l.Jobs) == 1 })
+	node := l.Allocations[0].Node
+	var uuids []string
+	for _, d := range l.Allocations[0].Devices {
+		uuids = append(uuids, d.PCIAddress)
+	}
+	slices.Sort(uuids)
+	podName := "kiln-" + l.Jobs[0]
+	ns := "kiln-default"
+	pod, claim := waitPodBound(t, admin, l.Jobs[0], ns, podName)
+	if pod.Spec.NodeName != node {
+		t.Errorf("the scheduler bound the job's Pod to %s; kiln granted GPUs on %s", pod.Spec.NodeName, node)
+	}
+	var got []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Pool != node {
+			t.Errorf("claim device %s/%s is not on kiln's node %s", r.Pool, r.Device, node)
+		}
+		got = append(got, *device(t, r.Pool, r.Device).Attributes[dra.AttrPCIBusID].StringValue)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, uuids) {
+		t.Errorf("the claim holds GPUs %v; kiln granted %v", got, uuids)
+	}
+	// The kubelet's part: the container ran and exited 3.
+	pod.Status.Phase = v1.PodFailed
+	pod.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "job", State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 3, Reason: "Error"}}}}
+	if _, err := cp.Client.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l = waitLease(t, admin, l.ID, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
+	j, err := admin.GetJob(ctx, l.Jobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.ExitCode == nil || *j.ExitCode != 3 {
+		t.Errorf("job ended %s with code %v, want 3 (the Pod's container)", j.State, j.ExitCode)
+	}
+	waitGone(t, ns, podName, true)
+
+	// Cancelling a lease deletes its Pod and its claim.
+	l2, err := admin.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{Image: "registry.local/serve:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2 = waitLease(t, admin, l2.ID, func(l *api.Lease) bool { return l.State == api.LeaseGranted && len(l.Jobs) == 1 })
+	pod2 := "kiln-" + l2.Jobs[0]
+	waitPodBound(t, admin, l2.Jobs[0], ns, pod2)
+	if _, err := admin.CancelLease(ctx, l2.ID); err != nil {
+		t.Fatal(err)
+	}
+	// kiln deletes the Pod with the lease's grace; a kubelet would stop
+	// the container and remove the Pod, which the test does in its place.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, pod2, metav1.GetOptions{})
+		if err == nil && p.DeletionTimestamp != nil {
+			zero := int64(0)
+			if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, pod2, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatal(err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kiln did not delete the cancelled lease's Pod: %+v %v", p, err)
+		}
+	}
+	waitGone(t, ns, pod2, false)
+	waitLease(t, admin, l2.ID, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
+}
+
+func waitLease(t *testing.T, c *api.Client, id string, ok func(*api.Lease) bool) *api.Lease {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		l, err := c.GetLease(context.Background(), id, api.LeaseWait{})
+		if err == nil && ok(l) {
+			return l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease %s: %+v %v", id, l, err)
+		}
+	}
+}
+
+func waitPodBound(t *testing.T, admin *api.Client, job, ns, name string) (*v1.Pod, *resourceapi.ResourceClaim) {
+	t.Helper()
+	// The agent creates the Pod when its heartbeat brings the job.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := cp.Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			j, _ := admin.GetJob(context.Background(), job)
+			t.Fatalf("no Pod %s/%s for the job; job %+v", ns, name, j)
+		}
+	}
+	p, cl, err := WaitBound(context.Background(), cp.Client, ns, name, name, 60*time.Second)
+	if err != nil {
+		j, _ := admin.GetJob(context.Background(), job)
+		t.Fatalf("the job's Pod: %v (%+v); job %+v", err, p, j)
+	}
+	return p, cl
+}
+
+// waitGone waits until the Pod (and, with the claim, its claim) is gone.
+func waitGone(t *testing.T, ns, name string, podMayStay bool) {
+	t.Helper()
+	ctx := context.Background()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, perr := cp.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		_, cerr := cp.Client.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		podGone := apierrors.IsNotFound(perr) || podMayStay
+		if podGone && apierrors.IsNotFound(cerr) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/%s: pod %v, claim %v; want both gone", ns, name, perr, cerr)
+		}
+	}
+}

@@ -1,0 +1,282 @@
+// Package kube runs kiln's image jobs on a Kubernetes node: each job is a
+// ResourceClaim pinned by UUID to the GPUs kiln granted, and a Pod that
+// uses it, in a namespace per project. Status, exit codes, logs and
+// cancellation come from the Kubernetes API. It satisfies
+// executor.Executor, so kiln's agent runs it as it runs containerd.
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+
+	"kiln.dev/kiln/dra"
+	"kiln.dev/kiln/executor"
+)
+
+// Labels kiln puts on what it creates.
+const (
+	LabelJob   = "kiln.dev/job"
+	LabelLease = "kiln.dev/lease"
+)
+
+// Executor starts jobs as Pods on one node.
+type Executor struct {
+	Client kubernetes.Interface
+	// Node is the Kubernetes node the jobs run on.
+	Node string
+	// NamespacePrefix names the namespace of a project: prefix + project
+	// (default "kiln-"); it is created when missing.
+	NamespacePrefix string
+	// Poll is how often a running job's Pod is read (default 1s).
+	Poll time.Duration
+	Log  *slog.Logger
+}
+
+// Name is the executor's name, what the node tells the server.
+func (e *Executor) Name() string { return "kubernetes" }
+
+// Start creates the job's claim and Pod and returns at once.
+func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle, error) {
+	if job.Image == "" {
+		return nil, errors.New("a Kubernetes node runs images only: give the job an image")
+	}
+	project := job.Env["KILN_PROJECT"]
+	if project == "" {
+		project = "default"
+	}
+	prefix := e.NamespacePrefix
+	if prefix == "" {
+		prefix = "kiln-"
+	}
+	ns := prefix + project
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return nil, fmt.Errorf("project %q makes no namespace name: %s", project, strings.Join(errs, "; "))
+	}
+	if err := e.namespace(ctx, ns); err != nil {
+		return nil, err
+	}
+	name := "kiln-" + strings.ToLower(job.ID)
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return nil, fmt.Errorf("job %q makes no object name: %s", job.ID, strings.Join(errs, "; "))
+	}
+	labels := map[string]string{LabelJob: labelValue(job.ID), LabelLease: labelValue(job.LeaseID), "app.kubernetes.io/managed-by": "kiln"}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}}
+	var reqNames []string
+	for i, d := range job.Devices {
+		// Pinned by UUID, or by PCI address where the node's data give
+		// no UUID.
+		var expr string
+		switch {
+		case d.UUID != "":
+			expr = fmt.Sprintf("device.attributes['%s'].uuid == %q", dra.DriverName, d.UUID)
+		case d.PCIAddress != "":
+			expr = fmt.Sprintf("device.attributes['resource.kubernetes.io'].pciBusID == %q", d.PCIAddress)
+		default:
+			return nil, fmt.Errorf("GPU %d has neither a UUID nor a PCI address to pin the claim to", d.Index)
+		}
+		rn := fmt.Sprintf("gpu%d", i)
+		reqNames = append(reqNames, rn)
+		claim.Spec.Devices.Requests = append(claim.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: rn, Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: dra.ClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}},
+		}})
+	}
+	var env []corev1.EnvVar
+	keys := make([]string, 0, len(job.Env))
+	for k := range job.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, corev1.EnvVar{Name: k, Value: job.Env[k]})
+	}
+	c := corev1.Container{Name: "job", Image: job.Image, Command: job.Command, Env: env, WorkingDir: job.WorkDir}
+	if len(reqNames) > 0 {
+		c.Resources.Claims = []corev1.ResourceClaim{{Name: "gpus"}}
+	}
+	no := false
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			NodeSelector:  map[string]string{"kubernetes.io/hostname": e.Node},
+			Containers:    []corev1.Container{c},
+			// The job gets no credentials to the cluster it runs in.
+			AutomountServiceAccountToken: &no,
+		}}
+	if len(reqNames) > 0 {
+		if _, err := e.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating the claim for the job's GPUs: %w", err)
+		}
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: &claim.Name}}
+	}
+	if _, err := e.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		if len(reqNames) > 0 {
+			_ = e.Client.ResourceV1().ResourceClaims(ns).Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
+		}
+		return nil, fmt.Errorf("creating the job's Pod: %w", err)
+	}
+	poll := e.Poll
+	if poll <= 0 {
+		poll = time.Second
+	}
+	return &handle{e: e, ns: ns, name: name, claim: len(reqNames) > 0, poll: poll, done: make(chan struct{})}, nil
+}
+
+func (e *Executor) namespace(ctx context.Context, ns string) error {
+	_, err := e.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"app.kubernetes.io/managed-by": "kiln"}}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("namespace %s: %w", ns, err)
+	}
+	return nil
+}
+
+// labelValue makes s a label value (63 characters of [A-Za-z0-9-_.]).
+func labelValue(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 63 {
+		b = b[:63]
+	}
+	return strings.Trim(string(b), "-_.")
+}
+
+// handle is a job's Pod.
+type handle struct {
+	e             *Executor
+	ns, name      string
+	claim         bool
+	poll          time.Duration
+	mu            sync.Mutex
+	stopRequested bool
+	done          chan struct{}
+	exit          executor.Exit
+	once          sync.Once
+}
+
+// Wait reads the Pod until it ends: its container's exit code, or the
+// reason it will never run.
+func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
+	t := time.NewTicker(h.poll)
+	defer t.Stop()
+	for {
+		p, err := h.e.Client.CoreV1().Pods(h.ns).Get(ctx, h.name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			h.mu.Lock()
+			stopped := h.stopRequested
+			h.mu.Unlock()
+			if stopped {
+				return h.end(executor.Exit{Code: -1, Signal: "SIGKILL", Reason: "killed", Finished: time.Now()}), nil
+			}
+			return h.end(executor.Exit{Code: -1, Reason: "its Pod was deleted outside kiln", Finished: time.Now()}), nil
+		case err != nil:
+			h.e.logf("reading the job's Pod failed; trying again", "pod", h.ns+"/"+h.name, "err", err)
+		case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+			return h.end(exitOf(p)), nil
+		}
+		select {
+		case <-ctx.Done():
+			return executor.Exit{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// end records the exit once and removes the claim with the Pod done.
+func (h *handle) end(x executor.Exit) executor.Exit {
+	h.once.Do(func() {
+		h.exit = x
+		if h.claim {
+			_ = h.e.Client.ResourceV1().ResourceClaims(h.ns).Delete(context.Background(), h.name, metav1.DeleteOptions{})
+		}
+		close(h.done)
+	})
+	return h.exit
+}
+
+func exitOf(p *corev1.Pod) executor.Exit {
+	x := executor.Exit{Code: -1, Reason: "exited", Finished: time.Now()}
+	for _, cs := range p.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			x.Code = int(t.ExitCode)
+			if !t.FinishedAt.IsZero() {
+				x.Finished = t.FinishedAt.Time
+			}
+			if t.Reason == "OOMKilled" {
+				x.Reason = "killed: out of memory"
+			}
+			return x
+		}
+	}
+	if p.Status.Phase == corev1.PodSucceeded {
+		x.Code = 0
+	} else if p.Status.Reason != "" {
+		x.Reason = "failed: " + p.Status.Reason
+	}
+	return x
+}
+
+// Stop deletes the Pod with grace (Kubernetes sends SIGTERM, then SIGKILL)
+// and then its claim.
+func (h *handle) Stop(ctx context.Context, grace time.Duration) error {
+	h.mu.Lock()
+	h.stopRequested = true
+	h.mu.Unlock()
+	secs := int64(grace / time.Second)
+	err := h.e.Client.CoreV1().Pods(h.ns).Delete(ctx, h.name, metav1.DeleteOptions{GracePeriodSeconds: &secs})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting the job's Pod: %w", err)
+	}
+	return nil
+}
+
+// Logs streams the Pod's log from the Kubernetes API; it waits for the
+// container to start, and ends when the job ends.
+func (h *handle) Logs() io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		t := time.NewTicker(h.poll)
+		defer t.Stop()
+		for {
+			rc, err := h.e.Client.CoreV1().Pods(h.ns).GetLogs(h.name, &corev1.PodLogOptions{Follow: true}).Stream(context.Background())
+			if err == nil {
+				_, err = io.Copy(pw, rc)
+				rc.Close()
+				pw.CloseWithError(err)
+				return
+			}
+			select {
+			case <-h.done:
+				pw.Close()
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return pr
+}
+
+func (e *Executor) logf(msg string, args ...any) {
+	if e.Log != nil {
+		e.Log.Warn(msg, args...)
+	}
+}
