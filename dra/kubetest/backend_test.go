@@ -3,11 +3,14 @@ package kubetest
 import (
 	"context"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/api"
@@ -36,78 +40,8 @@ func TestKilnServerOnKubernetes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "kiln")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kiln").CombinedOutput(); err != nil {
-		t.Fatalf("building kiln: %v\n%s", err, out)
-	}
-	data := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	url := "https://" + addr
-	srv := exec.Command(bin, "server", "--data", data, "--listen", addr, "--url", url, "--heartbeat-timeout", "10s")
-	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
-	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = srv.Process.Signal(syscall.SIGTERM); srv.Wait() }()
-	cfgPath := filepath.Join(data, "admin-client.json")
-	var admin *api.Client
-	for deadline := time.Now().Add(30 * time.Second); admin == nil; time.Sleep(50 * time.Millisecond) {
-		if cfg, err := api.LoadClientConfig(cfgPath); err == nil {
-			if c, err := cfg.Client(); err == nil && c.Health(ctx) == nil {
-				admin = c
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("kiln server did not come up")
-		}
-	}
-	cfg, err := api.LoadClientConfig(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, _ := pem.Decode([]byte(cfg.CAPEM))
 	nodes := []string{"pcie-l40s-pairs", "rtx4090x8-mixed-load"}
-	all, err := kube.GPUNodes(ctx, cp.Client)
-	if err != nil || !slices.Contains(all, nodes[0]) || !slices.Contains(all, nodes[1]) || slices.Contains(all, "no-such") {
-		t.Fatalf("GPU nodes %v %v", all, err)
-	}
-	jt, err := admin.CreateJoinToken(ctx, api.JoinTokenRequest{Uses: len(nodes)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, node := range nodes {
-		id, err := agent.Join(ctx, url, jt.Secret, api.Fingerprint(block.Bytes), node, filepath.Join(t.TempDir(), node))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ke := &kube.Executor{Client: cp.Client, Node: node, Poll: 100 * time.Millisecond}
-		node := node
-		ag, err := agent.New(agent.Config{Identity: id, Executor: ke, Containers: ke, Heartbeat: 300 * time.Millisecond,
-			CDIDir: t.TempDir(), WorkDir: t.TempDir(),
-			Discover: kube.Discover(cp.Client, node)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go ag.Run(ctx)
-	}
-	for _, node := range nodes {
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			n, err := admin.Node(ctx, node)
-			if err == nil && n.State == api.NodeReady && n.Containers == "kubernetes" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("node %s not ready for images: %+v %v", node, n, err)
-			}
-		}
-	}
-
+	admin := kilnOnKube(t, ctx, nodes)
 	// A lease of two GPUs with an image job.
 	l, err := admin.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 2, Job: &api.JobSpec{Image: "registry.local/train:1", Command: []string{"train"}}})
 	if err != nil {
@@ -229,6 +163,279 @@ func waitGone(t *testing.T, ns, name string, podMayStay bool) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s/%s: pod %v, claim %v; want both gone", ns, name, perr, cerr)
+		}
+	}
+}
+
+// kilnOnKube starts a real kiln server and kiln agents (executor/kube) for
+// the recorded nodes, and returns the admin's client once every node is
+// ready for images.
+func kilnOnKube(t *testing.T, ctx context.Context, nodes []string) *api.Client {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kiln")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kiln").CombinedOutput(); err != nil {
+		t.Fatalf("building kiln: %v\n%s", err, out)
+	}
+	data := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	url := "https://" + addr
+	srv := exec.Command(bin, "server", "--data", data, "--listen", addr, "--url", url, "--heartbeat-timeout", "10s")
+	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
+	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); srv.Wait() })
+	cfgPath := filepath.Join(data, "admin-client.json")
+	var admin *api.Client
+	for deadline := time.Now().Add(30 * time.Second); admin == nil; time.Sleep(50 * time.Millisecond) {
+		if cfg, err := api.LoadClientConfig(cfgPath); err == nil {
+			if c, err := cfg.Client(); err == nil && c.Health(ctx) == nil {
+				admin = c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kiln server did not come up")
+		}
+	}
+	cfg, err := api.LoadClientConfig(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode([]byte(cfg.CAPEM))
+	all, err := kube.GPUNodes(ctx, cp.Client)
+	if err != nil || !slices.Contains(all, nodes[0]) || !slices.Contains(all, nodes[1]) || slices.Contains(all, "no-such") {
+		t.Fatalf("GPU nodes %v %v", all, err)
+	}
+	jt, err := admin.CreateJoinToken(ctx, api.JoinTokenRequest{Uses: len(nodes)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range nodes {
+		id, err := agent.Join(ctx, url, jt.Secret, api.Fingerprint(block.Bytes), node, filepath.Join(t.TempDir(), node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ke := &kube.Executor{Client: cp.Client, Node: node, Poll: 100 * time.Millisecond}
+		node := node
+		ag, err := agent.New(agent.Config{Identity: id, Executor: ke, Containers: ke, Heartbeat: 300 * time.Millisecond,
+			CDIDir: t.TempDir(), WorkDir: t.TempDir(),
+			Discover: kube.Discover(cp.Client, node)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go ag.Run(ctx)
+	}
+	for _, node := range nodes {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			n, err := admin.Node(ctx, node)
+			if err == nil && n.State == api.NodeReady && n.Containers == "kubernetes" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s not ready for images: %+v %v", node, n, err)
+			}
+		}
+	}
+
+	return admin
+}
+
+// TestKilnOnKubernetesFairShareAndLedger runs a few hundred one-GPU leases
+// of two projects, weights 1 and 3, through kiln's server on the cluster:
+// while both have leases waiting, the GPU-seconds granted follow the
+// weights, and an independent ledger over the claims' allocations (a watch
+// of the apiserver, not kiln's records) never sees one device held by two
+// claims at once. The test stands in for the kubelet: a Pod bound for
+// 300 ms is marked Succeeded.
+func TestKilnOnKubernetesFairShareAndLedger(t *testing.T) {
+	setup(t)
+	if testing.Short() {
+		t.Skip("a few hundred leases through kiln's server and the scheduler")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin := kilnOnKube(t, ctx, []string{"pcie-l40s-pairs", "rtx4090x8-mixed-load"}) // 12 GPUs
+	for name, w := range map[string]float64{"light": 1, "heavy": 3} {
+		if _, err := admin.PutProject(ctx, api.Project{Name: name, Weight: w}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The ledger: every claim's devices, from a watch of all claims.
+	var mu sync.Mutex
+	holds := map[string]string{} // pool/device -> claim
+	byClaim := map[string][]string{}
+	var overlaps []string
+	seen := map[string]bool{} // claims seen allocated
+	w, err := cp.Client.ResourceV1().ResourceClaims("").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	go func() {
+		for ev := range w.ResultChan() {
+			c, ok := ev.Object.(*resourceapi.ResourceClaim)
+			if !ok {
+				continue
+			}
+			key := c.Namespace + "/" + c.Name
+			mu.Lock()
+			for _, d := range byClaim[key] {
+				delete(holds, d)
+			}
+			delete(byClaim, key)
+			if ev.Type != watch.Deleted && c.Status.Allocation != nil {
+				for _, r := range c.Status.Allocation.Devices.Results {
+					d := r.Pool + "/" + r.Device
+					if other, held := holds[d]; held && other != key {
+						overlaps = append(overlaps, fmt.Sprintf("%s held by %s and %s", d, other, key))
+					}
+					holds[d] = key
+					byClaim[key] = append(byClaim[key], d)
+					seen[key] = true
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+
+	// The kubelet's part.
+	go func() {
+		boundAt := map[string]time.Time{}
+		for ctx.Err() == nil {
+			for _, ns := range []string{"kiln-light", "kiln-heavy"} {
+				l, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+				if err != nil {
+					continue
+				}
+				for i := range l.Items {
+					p := &l.Items[i]
+					if p.Spec.NodeName == "" || p.Status.Phase == v1.PodSucceeded || p.DeletionTimestamp != nil {
+						continue
+					}
+					k := ns + "/" + p.Name
+					if boundAt[k].IsZero() {
+						boundAt[k] = time.Now()
+						continue
+					}
+					if time.Since(boundAt[k]) > 300*time.Millisecond {
+						p.Status.Phase = v1.PodSucceeded
+						p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "job", State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0}}}}
+						_, _ = cp.Client.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+					}
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+
+	const perProject = 100
+	ids := map[string][]string{}
+	for i := 0; i < perProject; i++ {
+		for _, p := range []string{"light", "heavy"} {
+			l, err := admin.CreateLease(ctx, api.LeaseRequest{Project: p, GPUs: 1, Job: &api.JobSpec{Image: "registry.local/job:1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[p] = append(ids[p], l.ID)
+		}
+	}
+	t0 := time.Now()
+	leases := map[string][]*api.Lease{}
+	for _, p := range []string{"light", "heavy"} {
+		for _, id := range ids[p] {
+			leases[p] = append(leases[p], waitLeaseFor(t, admin, id, 5*time.Minute))
+		}
+	}
+	elapsed := time.Since(t0)
+	// The window in which both projects had leases waiting: until the
+	// first project's last grant.
+	lastGrant := func(ls []*api.Lease) time.Time {
+		var last time.Time
+		for _, l := range ls {
+			if l.GrantedAt != nil && l.GrantedAt.After(last) {
+				last = *l.GrantedAt
+			}
+		}
+		return last
+	}
+	end := lastGrant(leases["light"])
+	if h := lastGrant(leases["heavy"]); h.Before(end) {
+		end = h
+	}
+	secs := map[string]float64{}
+	for p, ls := range leases {
+		for _, l := range ls {
+			if l.GrantedAt == nil || l.EndedAt == nil || !l.GrantedAt.Before(end) {
+				continue
+			}
+			stop := *l.EndedAt
+			if stop.After(end) {
+				stop = end
+			}
+			secs[p] += stop.Sub(*l.GrantedAt).Seconds()
+		}
+	}
+	share := secs["heavy"] / (secs["heavy"] + secs["light"])
+	t.Logf("%d leases in %s; while both waited: GPU-seconds light %.1f, heavy %.1f: heavy's share %.3f (weights say 0.750)",
+		2*perProject, elapsed.Round(time.Millisecond), secs["light"], secs["heavy"], share)
+	if share < 0.65 || share > 0.85 {
+		t.Errorf("heavy's share of GPU-seconds %.3f, want within 0.10 of its weight's 0.750", share)
+	}
+	// kiln's grants, from its lease records: no device in two leases
+	// whose times overlap (the scheduler would refuse the second claim, so
+	// the claims alone could not show it).
+	type span struct {
+		from, to time.Time
+		id       string
+	}
+	byDevice := map[string][]span{}
+	for _, ls := range leases {
+		for _, l := range ls {
+			if l.GrantedAt == nil || l.EndedAt == nil {
+				continue
+			}
+			for _, a := range l.Allocations {
+				for _, d := range a.Devices {
+					byDevice[a.Node+"/"+d.ID] = append(byDevice[a.Node+"/"+d.ID], span{*l.GrantedAt, *l.EndedAt, l.ID})
+				}
+			}
+		}
+	}
+	for dev, ss := range byDevice {
+		sort.Slice(ss, func(i, j int) bool { return ss[i].from.Before(ss[j].from) })
+		for i := 1; i < len(ss); i++ {
+			if ss[i].from.Before(ss[i-1].to) {
+				t.Errorf("kiln granted %s to %s and %s at once", dev, ss[i-1].id, ss[i].id)
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(overlaps) > 0 {
+		t.Errorf("devices held by two claims at once: %v", overlaps)
+	}
+	if len(seen) < 2*perProject {
+		t.Errorf("the ledger saw %d claims allocated, want %d", len(seen), 2*perProject)
+	}
+	t.Logf("ledger: %d claims allocated, no device held twice; kiln's grants on %d devices never overlap", len(seen), len(byDevice))
+}
+
+func waitLeaseFor(t *testing.T, c *api.Client, id string, d time.Duration) *api.Lease {
+	t.Helper()
+	for deadline := time.Now().Add(d); ; time.Sleep(200 * time.Millisecond) {
+		l, err := c.GetLease(context.Background(), id, api.LeaseWait{})
+		if err == nil && api.LeaseFinal(l.State) {
+			return l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease %s not ended: %+v %v", id, l, err)
 		}
 	}
 }
