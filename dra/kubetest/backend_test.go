@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -115,6 +116,28 @@ func TestKilnServerOnKubernetes(t *testing.T) {
 	}
 	waitGone(t, ns, pod2, false)
 	waitLease(t, admin, l2.ID, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
+
+	// A Pod deleted outside kiln ends its job, and says so.
+	l3, err := admin.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{Image: "registry.local/serve:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l3 = waitLease(t, admin, l3.ID, func(l *api.Lease) bool { return l.State == api.LeaseGranted && len(l.Jobs) == 1 })
+	pod3 := "kiln-" + l3.Jobs[0]
+	waitPodBound(t, admin, l3.Jobs[0], ns, pod3)
+	zero := int64(0)
+	if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, pod3, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	waitLease(t, admin, l3.ID, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
+	j3, err := admin.GetJob(ctx, l3.Jobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(j3.Reason, "deleted outside kiln") {
+		t.Errorf("job of a Pod deleted outside kiln ended %s: %q", j3.State, j3.Reason)
+	}
+	waitGone(t, ns, pod3, false)
 }
 
 func waitLease(t *testing.T, c *api.Client, id string, ok func(*api.Lease) bool) *api.Lease {
