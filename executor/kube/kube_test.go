@@ -1,0 +1,89 @@
+package kube
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"kiln.dev/kiln/executor"
+)
+
+// TestStartWaitStop: a job becomes a claim pinned to its GPUs and a Pod on
+// the node with the job's image, command and environment and no token;
+// the Pod's end is the job's exit; a stopped job's Pod is deleted.
+func TestStartWaitStop(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	e := &Executor{Client: c, Node: "n1", Poll: 10 * time.Millisecond}
+	job := executor.Job{ID: "J-1", LeaseID: "l-1", Image: "reg/img:1", Command: []string{"train", "--fast"},
+		Env:     map[string]string{"KILN_PROJECT": "vision", "A": "1"},
+		Devices: []executor.Device{{Index: 0, UUID: "GPU-aaa"}, {Index: 3, PCIAddress: "0000:1b:00.0"}}}
+	h, err := e.Start(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := c.ResourceV1().ResourceClaims("kiln-vision").Get(ctx, "kiln-j-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := claim.Spec.Devices.Requests
+	if len(reqs) != 2 || !strings.Contains(reqs[0].Exactly.Selectors[0].CEL.Expression, `"GPU-aaa"`) ||
+		!strings.Contains(reqs[1].Exactly.Selectors[0].CEL.Expression, `pciBusID == "0000:1b:00.0"`) {
+		t.Fatalf("claim requests %+v", reqs)
+	}
+	pod, err := c.CoreV1().Pods("kiln-vision").Get(ctx, "kiln-j-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := pod.Spec.Containers[0]
+	if ct.Image != "reg/img:1" || strings.Join(ct.Command, " ") != "train --fast" || pod.Spec.NodeSelector["kubernetes.io/hostname"] != "n1" ||
+		pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken || len(ct.Env) != 2 {
+		t.Fatalf("pod %+v", pod.Spec)
+	}
+	pod.Status.Phase = corev1.PodFailed
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 7}}}}
+	if _, err := c.CoreV1().Pods("kiln-vision").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x, err := h.Wait(ctx)
+	if err != nil || x.Code != 7 {
+		t.Fatalf("exit %+v %v, want code 7", x, err)
+	}
+	if _, err := c.ResourceV1().ResourceClaims("kiln-vision").Get(ctx, "kiln-j-1", metav1.GetOptions{}); err == nil {
+		t.Error("the claim outlived its job")
+	}
+
+	job.ID = "j-2"
+	h, err = e.Start(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Stop(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if x, err := h.Wait(ctx); err != nil || x.Reason != "killed" {
+		t.Fatalf("stopped job ended %+v %v", x, err)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	e := &Executor{Client: fake.NewClientset(), Node: "n1"}
+	for name, job := range map[string]executor.Job{
+		"no image":        {ID: "j", Command: []string{"x"}},
+		"bad project":     {ID: "j", Image: "i", Env: map[string]string{"KILN_PROJECT": "Not_A_Label"}},
+		"unpinnable gpu":  {ID: "j", Image: "i", Devices: []executor.Device{{Index: 1}}},
+		"bad object name": {ID: "j/../x", Image: "i"},
+	} {
+		if _, err := e.Start(context.Background(), job); err == nil {
+			t.Errorf("%s: started", name)
+		}
+	}
+	if got := labelValue(strings.Repeat("a/", 40)); len(got) > 63 || strings.Contains(got, "/") {
+		t.Errorf("label value %q", got)
+	}
+}
