@@ -280,6 +280,9 @@ func (a *Agent) writeCDI(s *snapshot.Snapshot) {
 	if a.cfg.Containers == nil || a.cfg.Recorded || len(s.GPUs) == 0 {
 		return
 	}
+	if n, ok := a.cfg.Containers.(interface{ NoCDI() bool }); ok && n.NoCDI() {
+		return // the executor's platform injects the GPUs (Kubernetes: the DRA driver)
+	}
 	res, err := cdi.Generate(s, cdi.Options{})
 	if err != nil {
 		a.log.Warn("no CDI spec for the node's GPUs: container jobs get no GPU", "err", err)

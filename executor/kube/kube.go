@@ -49,6 +49,10 @@ type Executor struct {
 // Name is the executor's name, what the node tells the server.
 func (e *Executor) Name() string { return "kubernetes" }
 
+// NoCDI tells kiln's agent to write no CDI spec of the node's GPUs: on
+// Kubernetes the DRA driver (kiln-dra plugin) prepares them per claim.
+func (e *Executor) NoCDI() bool { return true }
+
 // Start creates the job's claim and Pod and returns at once.
 func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle, error) {
 	if job.Image == "" {
