@@ -25,7 +25,9 @@ import (
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/dra"
+	"kiln.dev/kiln/executor"
 	"kiln.dev/kiln/executor/kube"
+	"kiln.dev/kiln/snapshot"
 )
 
 // TestKilnServerOnKubernetes runs a real kiln server with kiln agents for
@@ -195,6 +197,16 @@ func waitGone(t *testing.T, ns, name string, podMayStay bool) {
 // ready for images.
 func kilnOnKube(t *testing.T, ctx context.Context, nodes []string) *api.Client {
 	t.Helper()
+	return kilnServer(t, ctx, nodes, 300*time.Millisecond, func(node string) (executor.Executor, func(context.Context) (*snapshot.Snapshot, error)) {
+		return &kube.Executor{Client: cp.Client, Node: node, Poll: 100 * time.Millisecond}, kube.Discover(cp.Client, node)
+	})
+}
+
+// kilnServer starts a real kiln server and an agent per node with the
+// executor and discovery mk gives, and returns the admin's client once
+// every node is ready for images.
+func kilnServer(t testing.TB, ctx context.Context, nodes []string, heartbeat time.Duration, mk func(node string) (executor.Executor, func(context.Context) (*snapshot.Snapshot, error))) *api.Client {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kiln")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kiln").CombinedOutput(); err != nil {
 		t.Fatalf("building kiln: %v\n%s", err, out)
@@ -240,15 +252,20 @@ func kilnOnKube(t *testing.T, ctx context.Context, nodes []string) *api.Client {
 		t.Fatal(err)
 	}
 	for _, node := range nodes {
+		// The server limits requests without credentials (10 a second):
+		// a large fleet joins at that pace.
 		id, err := agent.Join(ctx, url, jt.Secret, api.Fingerprint(block.Bytes), node, filepath.Join(t.TempDir(), node))
+		for tries := 0; err != nil && strings.Contains(err.Error(), "too many requests") && tries < 300; tries++ {
+			time.Sleep(200 * time.Millisecond)
+			id, err = agent.Join(ctx, url, jt.Secret, api.Fingerprint(block.Bytes), node, filepath.Join(t.TempDir(), node))
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		ke := &kube.Executor{Client: cp.Client, Node: node, Poll: 100 * time.Millisecond}
-		node := node
-		ag, err := agent.New(agent.Config{Identity: id, Executor: ke, Containers: ke, Heartbeat: 300 * time.Millisecond,
+		ke, discover := mk(node)
+		ag, err := agent.New(agent.Config{Identity: id, Executor: ke, Containers: ke, Heartbeat: heartbeat,
 			CDIDir: t.TempDir(), WorkDir: t.TempDir(),
-			Discover: kube.Discover(cp.Client, node)})
+			Discover: discover})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +274,7 @@ func kilnOnKube(t *testing.T, ctx context.Context, nodes []string) *api.Client {
 	for _, node := range nodes {
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			n, err := admin.Node(ctx, node)
-			if err == nil && n.State == api.NodeReady && n.Containers == "kubernetes" {
+			if err == nil && n.State == api.NodeReady && n.Containers != "" {
 				break
 			}
 			if time.Now().After(deadline) {

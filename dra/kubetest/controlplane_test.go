@@ -74,7 +74,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func need(t *testing.T) {
+func need(t testing.TB) {
 	t.Helper()
 	if cp == nil {
 		t.Skip("no Kubernetes control plane: " + skipWhy)
@@ -121,7 +121,7 @@ func loadRecorded(t testing.TB, p string) *snapshot.Snapshot {
 
 // setup publishes every recorded machine as a node with its slices, a NIC
 // driver's slice where the machine has NICs, and the DeviceClasses.
-func setup(t *testing.T) {
+func setup(t testing.TB) {
 	t.Helper()
 	need(t)
 	setupOnce.Do(func() {
