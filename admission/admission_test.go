@@ -29,3 +29,22 @@ func TestVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestMessagesEscapeOutsideText: an image name or reason with terminal
+// control characters (they come from the Pod and the image) reaches the
+// user escaped.
+func TestMessagesEscapeOutsideText(t *testing.T) {
+	d := Pod([]Image{{Ref: "reg/x\x1b[2J:1", Err: errTest("no such image\x1b]0;owned\x07")}}, []Device{{Node: "n", Name: "gpu-0", Vendor: "nvidia"}}, nil)
+	for _, w := range d.Warnings {
+		if strings.ContainsAny(w, "\x1b\x07") {
+			t.Fatalf("warning carries control characters: %q", w)
+		}
+	}
+	if len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], `\x1b`) {
+		t.Fatalf("warnings %q", d.Warnings)
+	}
+}
+
+type errTest string
+
+func (e errTest) Error() string { return string(e) }

@@ -7,6 +7,7 @@ import (
 
 	"kiln.dev/kiln/compat"
 	"kiln.dev/kiln/kb"
+	"kiln.dev/kiln/textsafe"
 )
 
 // Image is one container image with what kiln compat read of it, or why
@@ -166,9 +167,11 @@ func orUnknown(s string) string {
 	return s
 }
 
-// bound cuts text from outside (image names, reasons built from image
-// contents) to what an answer may carry.
+// bound escapes text from outside (image names, reasons built from image
+// contents) so it cannot drive the reader's terminal, and cuts it to what
+// an answer may carry.
 func bound(s string) string {
+	s = textsafe.Printable(s)
 	if len(s) <= maxMessage {
 		return s
 	}
