@@ -7,7 +7,6 @@ package admission
 
 import (
 	"slices"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -44,14 +43,14 @@ func Devices(slices []resourceapi.ResourceSlice) []Device {
 			a := d.Attributes
 			out = append(out, Device{
 				Node: node, Name: d.Name,
-				Type:              str(a, dra.AttrType),
-				Vendor:            str(a, dra.AttrVendor),
-				Model:             str(a, dra.AttrProductName),
-				ComputeCapability: majorMinor(version(a, dra.AttrCUDAComputeCapability)),
-				GFXTarget:         str(a, dra.AttrGFXTarget),
-				Driver:            version(a, dra.AttrDriverVersion),
-				CUDADriver:        majorMinor(version(a, dra.AttrCUDADriverVersion)),
-				ROCm:              version(a, dra.AttrROCmVersion),
+				Type:              dra.StringOf(a, dra.AttrType),
+				Vendor:            dra.StringOf(a, dra.AttrVendor),
+				Model:             dra.StringOf(a, dra.AttrProductName),
+				ComputeCapability: dra.MajorMinor(dra.VersionOf(a, dra.AttrCUDAComputeCapability)),
+				GFXTarget:         dra.StringOf(a, dra.AttrGFXTarget),
+				Driver:            dra.VersionOf(a, dra.AttrDriverVersion),
+				CUDADriver:        dra.MajorMinor(dra.VersionOf(a, dra.AttrCUDADriverVersion)),
+				ROCm:              dra.VersionOf(a, dra.AttrROCmVersion),
 			})
 		}
 	}
@@ -73,30 +72,6 @@ func (d Device) snapshot() *snapshot.Snapshot {
 	}
 	s.GPUs = []snapshot.GPU{g}
 	return s
-}
-
-func str(a map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name string) string {
-	if v, ok := a[resourceapi.QualifiedName(name)]; ok && v.StringValue != nil {
-		return *v.StringValue
-	}
-	return ""
-}
-
-func version(a map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name string) string {
-	if v, ok := a[resourceapi.QualifiedName(name)]; ok && v.VersionValue != nil {
-		return *v.VersionValue
-	}
-	return ""
-}
-
-// majorMinor cuts a semantic version to major.minor ("12.4.0" -> "12.4"),
-// the form kiln's tables use for CUDA and compute capabilities.
-func majorMinor(v string) string {
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return v
-	}
-	return parts[0] + "." + parts[1]
 }
 
 // sortedUnique sorts and removes repeats.

@@ -23,26 +23,26 @@ func NodeSnapshot(slices []resourceapi.ResourceSlice, node string) *snapshot.Sna
 		}
 		for _, d := range sl.Spec.Devices {
 			a := d.Attributes
-			if attrString(a, AttrType) != TypeGPU {
+			if StringOf(a, AttrType) != TypeGPU {
 				continue
 			}
 			idx := attrInt(a, AttrIndex)
 			if idx < 0 {
 				continue
 			}
-			g := snapshot.GPU{Index: idx, Vendor: attrString(a, AttrVendor), Model: attrString(a, AttrProductName),
-				UUID: attrString(a, AttrUUID), PCIAddress: attrString(a, AttrPCIBusID),
-				ComputeCapability: cutPatch(attrVersion(a, AttrCUDAComputeCapability)), GFXTarget: attrString(a, AttrGFXTarget)}
+			g := snapshot.GPU{Index: idx, Vendor: StringOf(a, AttrVendor), Model: StringOf(a, AttrProductName),
+				UUID: StringOf(a, AttrUUID), PCIAddress: StringOf(a, AttrPCIBusID),
+				ComputeCapability: MajorMinor(VersionOf(a, AttrCUDAComputeCapability)), GFXTarget: StringOf(a, AttrGFXTarget)}
 			if c, ok := d.Capacity[CapMemory]; ok && c.Value.Sign() > 0 {
 				g.MemoryTotalBytes = uint64(c.Value.Value())
 			}
 			switch g.Vendor {
 			case "nvidia":
-				s.Drivers.NVIDIAUser = attrVersion(a, AttrDriverVersion)
-				s.Drivers.CUDADriver = cutPatch(attrVersion(a, AttrCUDADriverVersion))
+				s.Drivers.NVIDIAUser = VersionOf(a, AttrDriverVersion)
+				s.Drivers.CUDADriver = MajorMinor(VersionOf(a, AttrCUDADriverVersion))
 			case "amd":
-				s.Drivers.AMDGPU = attrVersion(a, AttrDriverVersion)
-				s.Drivers.ROCm = attrVersion(a, AttrROCmVersion)
+				s.Drivers.AMDGPU = VersionOf(a, AttrDriverVersion)
+				s.Drivers.ROCm = VersionOf(a, AttrROCmVersion)
 			}
 			s.GPUs = append(s.GPUs, g)
 		}
@@ -50,14 +50,16 @@ func NodeSnapshot(slices []resourceapi.ResourceSlice, node string) *snapshot.Sna
 	return s
 }
 
-func attrString(a map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name string) string {
+// StringOf is a device attribute's string value, "" when it has none.
+func StringOf(a map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name string) string {
 	if v, ok := a[resourceapi.QualifiedName(name)]; ok && v.StringValue != nil {
 		return *v.StringValue
 	}
 	return ""
 }
 
-func attrVersion(a map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name string) string {
+// VersionOf is a device attribute's version value, "" when it has none.
+func VersionOf(a map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name string) string {
 	if v, ok := a[resourceapi.QualifiedName(name)]; ok && v.VersionValue != nil {
 		return *v.VersionValue
 	}
@@ -71,8 +73,9 @@ func attrInt(a map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name s
 	return -1
 }
 
-// cutPatch writes "12.4.0" as "12.4".
-func cutPatch(v string) string {
+// MajorMinor writes a semantic version as major.minor ("12.4.0" is
+// "12.4"), the form kiln's tables use for CUDA and compute capabilities.
+func MajorMinor(v string) string {
 	parts := strings.SplitN(v, ".", 3)
 	if len(parts) < 2 {
 		return v

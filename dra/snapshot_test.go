@@ -26,3 +26,11 @@ func TestNodeSnapshotRoundTrip(t *testing.T) {
 		t.Errorf("drivers %+v", got.Drivers)
 	}
 }
+
+func TestMajorMinor(t *testing.T) {
+	for in, want := range map[string]string{"12.4.0": "12.4", "9.0.0": "9.0", "12": "12", "": ""} {
+		if got := dra.MajorMinor(in); got != want {
+			t.Errorf("MajorMinor(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
