@@ -142,19 +142,8 @@ func review(t *testing.T, url, kind string, obj runtime.Object, ns string) *admi
 // registry and the slices of a mixed fleet.
 func TestWebhook(t *testing.T) {
 	reg := imagetest.NewTestRegistry(t)
-	push := func(name string, spec imagetest.Spec) string {
-		img, err := imagetest.Image(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ref, err := imagetest.Push(reg.Host, "lab/"+name, "v1", img)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ref
-	}
-	cuda124 := push("cuda124", imagetest.Spec{CUDA: "12.4.127", Env: map[string]string{"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}})
-	cuda130 := push("cuda130", imagetest.Spec{CUDA: "13.0.48", Env: map[string]string{"CUDA_VERSION": "13.0.0", "NVIDIA_REQUIRE_CUDA": "cuda>=13.0"}})
+	cuda124 := reg.PushSpec(t, "lab/cuda124", imagetest.Spec{CUDA: "12.4.127", Env: map[string]string{"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}})
+	cuda130 := reg.PushSpec(t, "lab/cuda130", imagetest.Spec{CUDA: "13.0.48", Env: map[string]string{"CUDA_VERSION": "13.0.0", "NVIDIA_REQUIRE_CUDA": "cuda>=13.0"}})
 	cluster := &fakeCluster{slices: fleetSlices(t), pods: map[string]*corev1.Pod{}}
 	images := &counting{Images: &Registry{Insecure: true}}
 	srv := httptest.NewServer(Handler(Config{Images: images, Cluster: cluster}))

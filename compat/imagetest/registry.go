@@ -168,3 +168,18 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// PushSpec builds the image of spec and pushes it to the registry as
+// repo:v1, failing t on error; it returns the reference.
+func (r *Registry) PushSpec(t testing.TB, repo string, spec Spec) string {
+	t.Helper()
+	img, err := Image(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := Push(r.Host, repo, "v1", img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}

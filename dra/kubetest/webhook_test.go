@@ -128,19 +128,8 @@ func TestWebhookWithTheAPIServer(t *testing.T) {
 	setup(t)
 	ctx := context.Background()
 	reg := imagetest.NewTestRegistry(t)
-	push := func(name string, spec imagetest.Spec) string {
-		img, err := imagetest.Image(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ref, err := imagetest.Push(reg.Host, "lab/"+name, "v1", img)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ref
-	}
-	cuda124 := push("cuda124", imagetest.Spec{CUDA: "12.4.127", Env: map[string]string{"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}})
-	cuda130 := push("cuda130", imagetest.Spec{CUDA: "13.9.10", Env: map[string]string{"CUDA_VERSION": "13.9.0", "NVIDIA_REQUIRE_CUDA": "cuda>=13.9"}})
+	cuda124 := reg.PushSpec(t, "lab/cuda124", imagetest.Spec{CUDA: "12.4.127", Env: map[string]string{"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}})
+	cuda130 := reg.PushSpec(t, "lab/cuda130", imagetest.Spec{CUDA: "13.9.10", Env: map[string]string{"CUDA_VERSION": "13.9.0", "NVIDIA_REQUIRE_CUDA": "cuda>=13.9"}})
 
 	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: webhookNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
