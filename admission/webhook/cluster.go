@@ -49,3 +49,22 @@ func (c KubeCluster) PullSecrets(ctx context.Context, ns string, names []string)
 	}
 	return out, nil
 }
+
+// ClaimSpec reads the spec of the claim or claim template a Pod names.
+func (c KubeCluster) ClaimSpec(ctx context.Context, ns string, pc corev1.PodResourceClaim) (*resourceapi.ResourceClaimSpec, error) {
+	switch {
+	case pc.ResourceClaimName != nil:
+		cl, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, *pc.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return &cl.Spec, nil
+	case pc.ResourceClaimTemplateName != nil:
+		t, err := c.Client.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, *pc.ResourceClaimTemplateName, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return &t.Spec.Spec, nil
+	}
+	return nil, nil
+}

@@ -35,6 +35,9 @@ type Cluster interface {
 	// PullSecrets returns the named dockerconfigjson Secrets of the
 	// namespace; a Secret that is missing or of another type is skipped.
 	PullSecrets(ctx context.Context, namespace string, names []string) ([]DockerConfig, error)
+	// ClaimSpec is the spec of a Pod's claim: of the ResourceClaim or of
+	// the ResourceClaimTemplate it names.
+	ClaimSpec(ctx context.Context, namespace string, c corev1.PodResourceClaim) (*resourceapi.ResourceClaimSpec, error)
 }
 
 // Config sets up the webhook.
@@ -136,8 +139,8 @@ func (h *handler) pod(ctx context.Context, req *admissionv1.AdmissionRequest) (*
 	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
 		return nil, fmt.Errorf("the Pod does not decode: %w", err)
 	}
-	if len(pod.Spec.ResourceClaims) == 0 {
-		return allow(), nil // no GPU claim: not kiln's to judge
+	if !h.asksForKiln(ctx, req.Namespace, &pod) {
+		return allow(), nil // no claim of kiln's devices: not kiln's to judge
 	}
 	images, devs, err := h.read(ctx, req.Namespace, &pod)
 	if err != nil {
@@ -256,10 +259,24 @@ wait:
 	return images, admission.Devices(rs), nil
 }
 
+// asksForKiln is true when a claim of the Pod asks for kiln's devices, or
+// a claim cannot be read (then kiln checks rather than guess).
+func (h *handler) asksForKiln(ctx context.Context, ns string, pod *corev1.Pod) bool {
+	for _, pc := range pod.Spec.ResourceClaims {
+		spec, err := h.cfg.Cluster.ClaimSpec(ctx, ns, pc)
+		if err != nil || spec == nil || specUsesKiln(spec) {
+			return true
+		}
+	}
+	return false
+}
+
 // usesKiln is true when a request of the claim names one of kiln's
 // DeviceClasses.
-func usesKiln(c *resourceapi.ResourceClaim) bool {
-	for _, r := range c.Spec.Devices.Requests {
+func usesKiln(c *resourceapi.ResourceClaim) bool { return specUsesKiln(&c.Spec) }
+
+func specUsesKiln(spec *resourceapi.ResourceClaimSpec) bool {
+	for _, r := range spec.Devices.Requests {
 		if r.Exactly != nil && isKilnClass(r.Exactly.DeviceClassName) {
 			return true
 		}

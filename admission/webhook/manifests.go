@@ -124,6 +124,8 @@ func Manifests(o ManifestOptions) ([]runtime.Object, error) {
 		&rbacv1.ClusterRole{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"}, ObjectMeta: meta(o.Name, false),
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}},
+				// A Pod's claims and templates, to tell whether it asks for kiln's devices.
+				{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceclaimtemplates"}, Verbs: []string{"get"}},
 				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
 				// The pull secrets the Pods name, to read their images.
 				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}},

@@ -62,6 +62,17 @@ type fakeCluster struct {
 	secrets map[string]DockerConfig // namespace/name
 }
 
+// ClaimSpec: the template "nic" asks for another driver's device; every
+// other claim asks for a whole kiln GPU.
+func (c *fakeCluster) ClaimSpec(_ context.Context, _ string, pc corev1.PodResourceClaim) (*resourceapi.ResourceClaimSpec, error) {
+	class := dra.ClassGPU
+	if pc.ResourceClaimTemplateName != nil && *pc.ResourceClaimTemplateName == "nic" {
+		class = "nic.example.com"
+	}
+	return &resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "d",
+		Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}}}}, nil
+}
+
 func (c *fakeCluster) Slices(context.Context) ([]resourceapi.ResourceSlice, error) {
 	return c.slices, nil
 }
@@ -205,6 +216,15 @@ func TestWebhook(t *testing.T) {
 		before := images.n.Load()
 		p := gpuPod("cpu", cuda130)
 		p.Spec.ResourceClaims = nil
+		r := review(t, srv.URL+PathPods, "Pod", p, "lab")
+		if !r.Allowed || len(r.Warnings) != 0 || images.n.Load() != before {
+			t.Fatalf("answer %v %v, images read %d", r.Allowed, r.Warnings, images.n.Load()-before)
+		}
+	})
+	t.Run("pod whose claims ask for another driver's devices is untouched", func(t *testing.T) {
+		before := images.n.Load()
+		p := gpuPod("nic", cuda130)
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "nic", ResourceClaimTemplateName: ptr("nic")}}
 		r := review(t, srv.URL+PathPods, "Pod", p, "lab")
 		if !r.Allowed || len(r.Warnings) != 0 || images.n.Load() != before {
 			t.Fatalf("answer %v %v, images read %d", r.Allowed, r.Warnings, images.n.Load()-before)
