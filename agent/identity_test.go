@@ -37,7 +37,7 @@ func testServer(t *testing.T) (*server.Server, string) {
 // again when it was widened since.
 func TestIdentityPrivate(t *testing.T) {
 	srv, url := testServer(t)
-	jt, err := srv.CreateJoinToken(context.Background(), time.Hour)
+	jt, err := srv.CreateJoinToken(context.Background(), time.Hour, 1, "a test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -242,9 +242,10 @@ func (s *Server) newJoinToken(ctx context.Context, ttl time.Duration, uses int, 
 	return api.JoinToken{ID: id, Secret: tok, Created: now, Expires: now.Add(ttl), Command: s.joinCommand(tok), Uses: uses}, nil
 }
 
-// CreateJoinToken makes a single-use join token valid for ttl (0: one
-// hour), for callers in the same process (kiln up); the API's POST
+// CreateJoinToken makes a join token for uses nodes (at least one), valid
+// for ttl (0: one hour), for callers in the same process (kiln up, the
+// Kubernetes backend); by names them in the event log. The API's POST
 // /v1/join-tokens does the same.
-func (s *Server) CreateJoinToken(ctx context.Context, ttl time.Duration) (api.JoinToken, error) {
-	return s.newJoinToken(ctx, ttl, 1, "the server")
+func (s *Server) CreateJoinToken(ctx context.Context, ttl time.Duration, uses int, by string) (api.JoinToken, error) {
+	return s.newJoinToken(ctx, ttl, uses, by)
 }

@@ -140,7 +140,7 @@ func (c *cluster) close() {
 // (the process executor when nil).
 func (c *cluster) addAgent(node string, s *snapshot.Snapshot, exe executor.Executor, heartbeat time.Duration) {
 	c.t.Helper()
-	jt, err := c.srv.CreateJoinToken(context.Background(), 0) // one node
+	jt, err := c.srv.CreateJoinToken(context.Background(), 0, 1, "a test") // one node
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func (c *cluster) joinWith(token, node string) (*fakeAgent, error) {
 // snapshot with gpus H100s.
 func (c *cluster) fake(node string, gpus int) *fakeAgent {
 	c.t.Helper()
-	jt, err := c.srv.CreateJoinToken(context.Background(), 0)
+	jt, err := c.srv.CreateJoinToken(context.Background(), 0, 1, "a test")
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestLostNodeStaysFenced(t *testing.T) {
 	// The node goes silent with its job running.
 	waitLease(t, c.admin, l.ID, 20*time.Second, func(l *api.Lease) bool { return l.State == api.LeaseLost })
 
-	jt, _ := c.srv.CreateJoinToken(ctx, 0)
+	jt, _ := c.srv.CreateJoinToken(ctx, 0, 1, "a test")
 	if _, err := c.joinWith(jt.Secret, "hgx"); api.StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), "kiln node replace hgx") {
 		t.Fatalf("taking the lost node's name: %v, want 409 naming the way out", err)
 	}
@@ -217,7 +217,7 @@ func TestLostNodeStaysFenced(t *testing.T) {
 	if err := old.cl.Do(ctx, "POST", "/v1/agent/nodes/hgx/heartbeat", api.Heartbeat{}, nil); api.StatusOf(err) != http.StatusUnauthorized {
 		t.Errorf("the replaced agent's heartbeat: %v, want 401", err)
 	}
-	jt, _ = c.srv.CreateJoinToken(ctx, 0)
+	jt, _ = c.srv.CreateJoinToken(ctx, 0, 1, "a test")
 	nw, err := c.joinWith(jt.Secret, "hgx")
 	if err != nil {
 		t.Fatalf("joining in place of the replaced node: %v", err)
@@ -257,7 +257,7 @@ func TestLostNodeStaysFenced(t *testing.T) {
 		t.Errorf("the forgotten node: %v, want 404", err)
 	}
 	waitLease(t, c.admin, l.ID, 5*time.Second, func(l *api.Lease) bool { return !l.Holding })
-	jt, _ = c.srv.CreateJoinToken(ctx, 0)
+	jt, _ = c.srv.CreateJoinToken(ctx, 0, 1, "a test")
 	if _, err := c.joinWith(jt.Secret, "pcie"); err != nil {
 		t.Errorf("joining as the forgotten node: %v", err)
 	}
@@ -339,7 +339,7 @@ func TestLeaseSandbox(t *testing.T) {
 		Missing: []string{"cgroup: no cgroup v2 hierarchy at /sys/fs/cgroup"}}
 	weak := &api.Sandbox{User: "the agent's own user", Missing: []string{"own-user: jobs run as the agent's user"}}
 	for node, sb := range map[string]*api.Sandbox{"strong": strong, "weak": weak} {
-		jt, _ := c.srv.CreateJoinToken(ctx, 0)
+		jt, _ := c.srv.CreateJoinToken(ctx, 0, 1, "a test")
 		a, err := c.joinWith(jt.Secret, node)
 		if err != nil {
 			t.Fatal(err)

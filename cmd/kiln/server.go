@@ -198,6 +198,8 @@ func adminConfig(srv *server.Server, data, url string) (*api.ClientConfig, error
 func newServerCmd() *cobra.Command {
 	var f serverFlags
 	var resetAdmin bool
+	var backend, kubeconfig, prefix string
+	var kubeWatch time.Duration
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the lease server: GPUs leased over the network to users and their jobs",
@@ -228,10 +230,22 @@ its GPUs stay held until the agent registers again or an admin runs
 joined it: nobody else joins under it until an admin runs 'kiln node replace' or
 'kiln node forget'.
 
+Backends: with --backend kubernetes the server also runs leases on a
+Kubernetes cluster with kiln's DRA driver (kiln-dra plugin on its nodes). It
+starts 'kiln-dra agents' beside itself (kiln-dra is found beside kiln or on
+PATH): every node that publishes gpu.kiln.dev devices joins as a kiln node,
+and a job is a ResourceClaim pinned to the GPUs kiln granted and a Pod, in the
+namespace <prefix><project>. The queue, fair share, quotas, time limits and
+preemption are kiln's; the kube-scheduler binds the Pods; cancelling deletes
+them. Nodes running 'kiln agent' may join as well. The cluster's node
+identities and the join token the backend uses (renewed hourly) are kept in
+<data>/kubernetes. See docs/kubernetes.md.
+
 Recovery on the server's host: 'kiln server --reset-admin' (no admin can log
 in), 'kiln backup' and 'kiln restore'. See docs/security.md.`,
 		Example: `  kiln server --data /var/lib/kiln --listen :7443 --url https://gpu-head.lab:7443
-  KILN_CONFIG=/var/lib/kiln/admin-client.json kiln nodes`,
+  KILN_CONFIG=/var/lib/kiln/admin-client.json kiln nodes
+  kiln server --backend kubernetes --kubeconfig ~/.kube/config`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -239,11 +253,30 @@ in), 'kiln backup' and 'kiln restore'. See docs/security.md.`,
 				return f.resetAdmin(ctx, cmd.OutOrStdout())
 			}
 			log := slog.Default()
+			var kb *kubeBackend
+			switch backend {
+			case backendAgents:
+			case backendKubernetes:
+				dra, err := findDRA()
+				if err != nil {
+					return &exitError{code: 3, err: fmt.Errorf("--backend kubernetes: %w", err)}
+				}
+				if kubeWatch <= 0 {
+					return &exitError{code: 3, err: fmt.Errorf("--kube-watch %s: want a positive interval", kubeWatch)}
+				}
+				kb = &kubeBackend{dra: dra, kubeconfig: kubeconfig, prefix: prefix, watch: kubeWatch, log: log}
+			default:
+				return &exitError{code: 3, err: fmt.Errorf("--backend %q: want %s (nodes run kiln agent) or %s (leases run as Pods on a cluster)", backend, backendAgents, backendKubernetes)}
+			}
 			srv, ln, url, err := f.start(ctx, log)
 			if err != nil {
 				return err
 			}
 			defer srv.Close()
+			if kb != nil {
+				kb.dir, kb.url, kb.srv = filepath.Join(f.data, "kubernetes"), backendURL(ln.Addr(), url), srv
+				go kb.run(ctx)
+			}
 			cfgPath := filepath.Join(f.data, "admin-client.json")
 			if _, err := adminConfig(srv, f.data, url); err != nil {
 				return &exitError{code: 3, err: err}
@@ -256,6 +289,10 @@ in), 'kiln backup' and 'kiln restore'. See docs/security.md.`,
 		},
 	}
 	f.add(cmd, ":7443")
+	cmd.Flags().StringVar(&backend, "backend", backendAgents, "where leases run: agents (nodes run kiln agent) or kubernetes (also as Pods on the cluster of --kubeconfig)")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --backend kubernetes: the cluster's kubeconfig (default: in-cluster service account)")
+	cmd.Flags().StringVar(&prefix, "namespace-prefix", "kiln-", "with --backend kubernetes: a project's jobs run in the namespace PREFIX+project")
+	cmd.Flags().DurationVar(&kubeWatch, "kube-watch", 30*time.Second, "with --backend kubernetes: how often new GPU nodes of the cluster are looked for")
 	cmd.Flags().BoolVar(&resetAdmin, "reset-admin", false, "recovery on the server's host, with the server stopped: make the user admin an admin again with a new token, saved in <data>/admin-client.json, and exit")
 	return cmd
 }

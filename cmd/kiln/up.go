@@ -158,7 +158,7 @@ func localIdentity(ctx context.Context, srv *server.Server, url, node, dir strin
 		id.Server = url
 		return id, nil
 	}
-	jt, err := srv.CreateJoinToken(ctx, 10*time.Minute)
+	jt, err := srv.CreateJoinToken(ctx, 10*time.Minute, 1, "kiln up")
 	if err != nil {
 		return nil, err
 	}

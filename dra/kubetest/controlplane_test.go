@@ -662,44 +662,69 @@ func ptr[T any](v T) *T { return &v }
 // accept every object (server-side dry run).
 func TestDeployAcceptedByAPIServer(t *testing.T) {
 	need(t)
-	// scripts/kube.sh builds kubectl beside the control plane.
-	kubectl := ""
+	kubectl := kubectlPath(t)
+	for dir, kinds := range map[string][]string{
+		"deploy":        {"kind: DaemonSet", "kind: ClusterRole", "kind: DeviceClass", "kind: ServiceAccount", "kind: Namespace"},
+		"deploy/server": {"kind: StatefulSet", "kind: Service", "kind: ClusterRole", "kind: ServiceAccount"},
+	} {
+		rendered := kustomize(t, kubectl, dir)
+		for _, kind := range kinds {
+			if !bytes.Contains(rendered, []byte(kind)) {
+				t.Errorf("%s renders no %s", dir, kind)
+			}
+		}
+		out := applyRendered(t, kubectl, rendered, true)
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		slices.Sort(lines)
+		t.Logf("%s accepted (dry run):\n%s", dir, strings.Join(lines, "\n"))
+	}
+}
+
+// kubectlPath is the kubectl scripts/kube.sh builds beside the control
+// plane, or the one on PATH; the test skips without one.
+func kubectlPath(t *testing.T) string {
+	t.Helper()
 	if dir, err := BinDir(); err == nil {
 		if p := filepath.Join(dir, "kubectl"); fileExists(p) {
-			kubectl = p
+			return p
 		}
 	}
-	if kubectl == "" {
-		p, err := exec.LookPath("kubectl")
-		if err != nil {
-			t.Skip("no kubectl beside the control plane nor on PATH (scripts/kube.sh builds it): it renders the kustomize base")
-		}
-		kubectl = p
-	}
-	rendered, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "deploy")).Output()
+	p, err := exec.LookPath("kubectl")
 	if err != nil {
-		t.Fatalf("kubectl kustomize deploy: %v", err)
+		t.Skip("no kubectl beside the control plane nor on PATH (scripts/kube.sh builds it): it renders the kustomize bases")
 	}
-	for _, kind := range []string{"kind: DaemonSet", "kind: ClusterRole", "kind: DeviceClass", "kind: ServiceAccount", "kind: Namespace"} {
-		if !bytes.Contains(rendered, []byte(kind)) {
-			t.Errorf("deploy renders no %s", kind)
-		}
+	return p
+}
+
+// kustomize renders one of the repository's kustomize folders.
+func kustomize(t *testing.T, kubectl, dir string) []byte {
+	t.Helper()
+	rendered, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", dir)).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v", dir, err)
 	}
-	// The dry run creates nothing, so the namespace the other objects go
-	// into must exist.
+	return rendered
+}
+
+// applyRendered applies rendered objects server-side, for real or as a
+// dry run, into kiln-system (made first: a dry run creates nothing).
+func applyRendered(t *testing.T, kubectl string, rendered []byte, dryRun bool) []byte {
+	t.Helper()
 	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kiln-system"}}
 	if _, err := cp.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(kubectl, "--kubeconfig", cp.Kubeconfig, "apply", "--server-side", "--dry-run=server", "-f", "-")
+	args := []string{"--kubeconfig", cp.Kubeconfig, "apply", "--server-side", "-f", "-"}
+	if dryRun {
+		args = append(args, "--dry-run=server")
+	}
+	cmd := exec.Command(kubectl, args...)
 	cmd.Stdin = bytes.NewReader(rendered)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("server-side dry run: %v\n%s", err, out)
+		t.Fatalf("kubectl apply (dry run %v): %v\n%s", dryRun, err, out)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	slices.Sort(lines)
-	t.Logf("accepted (dry run):\n%s", strings.Join(lines, "\n"))
+	return out
 }
 
 // TestSchedulerSharesFractions: the real scheduler puts claims that each

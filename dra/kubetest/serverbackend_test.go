@@ -1,0 +1,199 @@
+package kubetest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/dra"
+	"kiln.dev/kiln/executor/kube"
+)
+
+// TestServerBackendKubernetes runs 'kiln server --backend kubernetes'
+// built as users install it (kiln and kiln-dra side by side) against the
+// test's control plane, and drives it with the CLI: every recorded node
+// that publishes gpu.kiln.dev devices joins by itself; 'kiln run --image'
+// makes a ResourceClaim and a Pod that the real scheduler binds on the
+// GPUs kiln chose; 'kiln cancel' deletes them. There is no kubelet: the
+// test removes the Pod kiln asked to delete, as a kubelet would once the
+// container stopped.
+func TestServerBackendKubernetes(t *testing.T) {
+	setup(t)
+	if testing.Short() {
+		t.Skip("builds kiln and kiln-dra and starts the server")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bin := t.TempDir()
+	for _, p := range []string{"kiln", "kiln-dra"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, p), "../../cmd/"+p).CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v\n%s", p, err, out)
+		}
+	}
+	// The backend runs as deploy/server's service account, so that the
+	// RBAC it ships is the RBAC the test needs.
+	applyRendered(t, kubectlPath(t), kustomize(t, kubectlPath(t), "deploy/server"), false)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: %q, insecure-skip-tls-verify: true}
+users:
+- name: kiln-server
+  user: {token: %q, as: "system:serviceaccount:kiln-system:kiln-server"}
+contexts:
+- name: local
+  context: {cluster: local, user: kiln-server}
+current-context: local
+`, cp.Config.Host, cp.Config.BearerToken)
+	if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := exec.Command(filepath.Join(bin, "kiln"), "server", "--data", data, "--listen", addr, "--url", "https://"+addr,
+		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--namespace-prefix", "kb-", "--kube-watch", "1s")
+	// A user's token in the server's environment is not the backend's to
+	// have.
+	srv.Env = append(os.Environ(), "KILN_TOKEN=kiln_user_secret")
+	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
+	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// The whole group: the server and the backend it started.
+		_ = syscall.Kill(-srv.Process.Pid, syscall.SIGTERM)
+		srv.Wait()
+	})
+	cfgPath := filepath.Join(data, "admin-client.json")
+	var admin *api.Client
+	for deadline := time.Now().Add(30 * time.Second); admin == nil; time.Sleep(50 * time.Millisecond) {
+		if cfg, err := api.LoadClientConfig(cfgPath); err == nil {
+			if c, err := cfg.Client(); err == nil && c.Health(ctx) == nil {
+				admin = c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kiln server did not come up")
+		}
+	}
+
+	// Every recorded node publishing kiln's devices joins, at the pace of
+	// the server's limit on requests without credentials.
+	want, err := kube.GPUNodes(ctx, cp.Client)
+	if err != nil || len(want) < 2 {
+		t.Fatalf("GPU nodes of the cluster: %v %v", want, err)
+	}
+	slices.Sort(want)
+	var got []string
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		nodes, err := admin.Nodes(ctx)
+		got = got[:0]
+		for _, n := range nodes {
+			if n.State == "ready" {
+				got = append(got, n.ID)
+			}
+		}
+		slices.Sort(got)
+		if err == nil && slices.Equal(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ready kiln nodes %v (%v); want every GPU node of the cluster %v", got, err, want)
+		}
+	}
+	tokenFile := filepath.Join(data, "kubernetes", "join-token")
+	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("the backend's join token file: %v %v; want mode 0600", st, err)
+	}
+
+	kiln := func(args ...string) (string, error) {
+		c := exec.Command(filepath.Join(bin, "kiln"), args...)
+		c.Env = append(os.Environ(), "KILN_CONFIG="+cfgPath)
+		out, err := c.Output()
+		if ee, ok := err.(*exec.ExitError); ok {
+			t.Logf("kiln %v: %s", args, ee.Stderr)
+		}
+		return string(out), err
+	}
+	out, err := kiln("run", "-d", "-o", "json", "--gpus", "2", "--model", "L40S", "--image", "registry.local/train:1", "--", "train")
+	if err != nil {
+		t.Fatalf("kiln run: %v\n%s", err, out)
+	}
+	var run struct {
+		Lease api.Lease `json:"lease"`
+	}
+	if err := json.Unmarshal([]byte(out), &run); err != nil || run.Lease.ID == "" || len(run.Lease.Jobs) != 1 {
+		t.Fatalf("kiln run -d -o json printed %q (%v)", out, err)
+	}
+	l := waitLease(t, admin, run.Lease.ID, func(l *api.Lease) bool { return l.State == api.LeaseGranted })
+	node := l.Allocations[0].Node
+	var granted []string
+	for _, d := range l.Allocations[0].Devices {
+		granted = append(granted, d.PCIAddress)
+	}
+	slices.Sort(granted)
+	ns, podName := "kb-default", "kiln-"+l.Jobs[0]
+	pod, claim := waitPodBound(t, admin, l.Jobs[0], ns, podName)
+	if pod.Spec.NodeName != node {
+		t.Errorf("the scheduler bound the job's Pod to %s; kiln granted GPUs on %s", pod.Spec.NodeName, node)
+	}
+	var held []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		held = append(held, *device(t, r.Pool, r.Device).Attributes[dra.AttrPCIBusID].StringValue)
+	}
+	slices.Sort(held)
+	if !slices.Equal(held, granted) {
+		t.Errorf("the claim holds GPUs %v; kiln granted %v on %s", held, granted, node)
+	}
+	for _, e := range pod.Spec.Containers[0].Env {
+		if strings.Contains(e.Value, "kiln_user_secret") || strings.Contains(e.Value, "kiln_join_") {
+			t.Errorf("the job's Pod carries a kiln secret in %s", e.Name)
+		}
+	}
+
+	if out, err := kiln("cancel", l.ID); err != nil {
+		t.Fatalf("kiln cancel: %v\n%s", err, out)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if err == nil && p.DeletionTimestamp != nil {
+			zero := int64(0)
+			if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, podName, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatal(err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kiln cancel did not delete the lease's Pod: %+v %v", p, err)
+		}
+	}
+	waitGone(t, ns, podName, false)
+	waitLease(t, admin, l.ID, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
+	if out, err := kiln("ls", "--all", "-o", "json"); err != nil || !strings.Contains(out, l.ID) {
+		t.Errorf("kiln ls after the lease ended: %v\n%s", err, out)
+	}
+}
