@@ -164,6 +164,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		backoff = min(backoff*2, 2*time.Second)
 	}
+	tctx, stopTunnels := context.WithCancel(ctx)
+	defer stopTunnels() // before stopAll waits
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.runTunnels(tctx)
+	}()
 	rescan := time.Now().Add(a.cfg.Rescan)
 	backoff = 100 * time.Millisecond
 	for ctx.Err() == nil {

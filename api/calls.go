@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -435,5 +437,98 @@ func (c *Client) JobLogChunk(ctx context.Context, node, job string, chunk []byte
 		return err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
+}
+
+// Tunnels.
+
+// Stream is a connection carried through the server: what is written goes
+// to the far end, what it sends is read. Close ends both ways.
+type Stream struct {
+	r    io.ReadCloser
+	w    *io.PipeWriter
+	once sync.Once
+}
+
+func (s *Stream) Read(p []byte) (int, error)  { return s.r.Read(p) }
+func (s *Stream) Write(p []byte) (int, error) { return s.w.Write(p) }
+
+// Close ends the stream both ways.
+func (s *Stream) Close() error {
+	s.once.Do(func() {
+		_ = s.w.Close()
+		_ = s.r.Close()
+	})
+	return nil
+}
+
+// openStream sends a full-duplex request (HTTP/2): the request body is
+// what the caller writes, the answer's body what it reads.
+func (c *Client) openStream(ctx context.Context, path string) (*Stream, error) {
+	pr, pw := io.Pipe()
+	resp, err := c.send(ctx, "POST", path, "application/octet-stream", pr)
+	if err != nil {
+		pw.Close()
+		return nil, err
+	}
+	if resp.ProtoMajor < 2 {
+		resp.Body.Close()
+		pw.Close()
+		return nil, fmt.Errorf("POST %s: the connection to the server is %s; a tunnel needs HTTP/2", path, resp.Proto)
+	}
+	return &Stream{r: resp.Body, w: pw}, nil
+}
+
+// ConnectPort opens a connection to a TCP port a job of the lease declared
+// (JobSpec.Ports), through the server: the newest job that declares it,
+// or job when given; its task of the given rank.
+func (c *Client) ConnectPort(ctx context.Context, leaseID string, port int, job string, rank int) (*Stream, error) {
+	p, err := pathOf("/v1/leases/{lease id}/ports/{port}/connect", leaseID, strconv.Itoa(port))
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	if job != "" {
+		q.Set("job", job)
+	}
+	if rank != 0 {
+		q.Set("rank", strconv.Itoa(rank))
+	}
+	return c.openStream(ctx, withQuery(p, q))
+}
+
+// TunnelOrders is the agent's order stream: one TunnelOrder a line (blank
+// lines keep it alive). The caller closes it.
+func (c *Client) TunnelOrders(ctx context.Context, node string) (io.ReadCloser, error) {
+	p, err := pathOf("/v1/agent/nodes/{node name}/tunnels", node)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Raw(ctx, "GET", p, nil)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// AcceptTunnel is the agent's side of tunnel id.
+func (c *Client) AcceptTunnel(ctx context.Context, node, id string) (*Stream, error) {
+	p, err := pathOf("/v1/agent/nodes/{node name}/tunnels/{tunnel id}", node, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.openStream(ctx, p)
+}
+
+// RefuseTunnel tells the server why the agent could not connect tunnel id.
+func (c *Client) RefuseTunnel(ctx context.Context, node, id, why string) error {
+	p, err := pathOf("/v1/agent/nodes/{node name}/tunnels/{tunnel id}", node, id)
+	if err != nil {
+		return err
+	}
+	resp, err := c.send(ctx, "POST", withQuery(p, url.Values{"refused": {why}}), "application/octet-stream", http.NoBody)
+	if err != nil {
+		return err
+	}
 	return resp.Body.Close()
 }

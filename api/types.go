@@ -175,6 +175,9 @@ type JobSpec struct {
 	Image   string            `json:"image,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	WorkDir string            `json:"workdir,omitempty"`
+	// Ports are TCP ports the job listens on, reached with kiln forward
+	// or the server's HTTP path; no other port of the node is.
+	Ports []int `json:"ports,omitempty"`
 }
 
 // DeviceGrant is one GPU, MIG instance or share of a GPU in a lease.
@@ -515,6 +518,15 @@ type StopOrder struct {
 	Reason  string `json:"reason"`
 	// Notice is written to the job's log before it is signalled.
 	Notice string `json:"notice,omitempty"`
+}
+
+// TunnelOrder asks an agent to connect to a port of one of its jobs for a
+// user; the agent carries the connection on POST
+// /v1/agent/nodes/{node}/tunnels/{id}, or says there why it could not.
+type TunnelOrder struct {
+	ID    string `json:"id"`
+	JobID string `json:"job_id"`
+	Port  int    `json:"port"`
 }
 
 // ExitReport is how a task ended.

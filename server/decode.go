@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -260,6 +261,24 @@ func checkJobSpec(j *api.JobSpec) error {
 	}
 	if strings.ContainsRune(j.WorkDir, 0) || len(j.WorkDir) > 4096 {
 		return errors.New("job.workdir: not a path")
+	}
+	return checkPorts(j.Ports)
+}
+
+// maxPorts is the most ports a job may declare.
+const maxPorts = 16
+
+func checkPorts(ports []int) error {
+	if len(ports) > maxPorts {
+		return fmt.Errorf("job.ports: at most %d ports", maxPorts)
+	}
+	for i, p := range ports {
+		if p < 1 || p > 65535 {
+			return fmt.Errorf("job.ports: %d is not a TCP port (1 to 65535)", p)
+		}
+		if slices.Contains(ports[:i], p) {
+			return fmt.Errorf("job.ports: %d is given twice", p)
+		}
 	}
 	return nil
 }

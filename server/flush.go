@@ -67,6 +67,7 @@ func (s *Server) flush(b *lease.Changes) (uint64, error) {
 	s.wseq = seq
 	for _, id := range b.Ended {
 		s.logs.done(id)
+		s.tunnels.endJob(id)
 	}
 	s.notify()
 	return seq, nil

@@ -32,6 +32,13 @@ type route struct {
 	h                  func(w http.ResponseWriter, r *http.Request)
 }
 
+// streamRoutes read their body as it comes (a tunnel's bytes), for as long
+// as the handler runs: the guard does not read it first.
+var streamRoutes = map[string]bool{
+	"/v1/leases/{id}/ports/{port}/connect": true,
+	"/v1/agent/nodes/{node}/tunnels/{tid}": true,
+}
+
 // routes is the whole API; api/openapi.yaml must describe the same
 // set (a test checks it).
 func (s *Server) routes() []route {
@@ -66,6 +73,9 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/agent/nodes/{node}/heartbeat", authAgent, s.heartbeat},
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/exit", authAgent, s.jobExit},
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/logs", authAgent, s.jobLogChunk},
+		{"POST", "/v1/leases/{id}/ports/{port}/connect", authUser, s.connectPort},
+		{"GET", "/v1/agent/nodes/{node}/tunnels", authAgent, s.tunnelOrders},
+		{"POST", "/v1/agent/nodes/{node}/tunnels/{tid}", authAgent, s.tunnelAccept},
 	}
 }
 
@@ -107,6 +117,7 @@ func (s *Server) Handler() http.Handler {
 // whose credentials fail, are rate-limited per source address.
 func (s *Server) guard(rt route) http.HandlerFunc {
 	limit := bodyLimit(rt)
+	stream := streamRoutes[rt.path]
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch rt.auth {
 		case authNone, authJoin:
@@ -145,7 +156,7 @@ func (s *Server) guard(rt route) http.HandlerFunc {
 				return
 			}
 		}
-		if !s.readBodyFirst(w, r, limit) {
+		if !stream && !s.readBodyFirst(w, r, limit) {
 			return
 		}
 		rt.h(w, r.WithContext(withCaller(r, c)))

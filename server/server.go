@@ -66,6 +66,9 @@ type Config struct {
 	// BodyTimeout bounds the time a request's body may take to arrive
 	// (default 30s); headers have 10s.
 	BodyTimeout time.Duration
+	// TunnelIdle closes a connection to a job's port that carried nothing
+	// for this long (default 30 minutes).
+	TunnelIdle time.Duration
 	// UnauthRate and UnauthBurst rate-limit, per source address, the
 	// requests without valid credentials (/healthz, join, failed tokens):
 	// UnauthRate a second, bursts of UnauthBurst (defaults 10 and 40).
@@ -145,6 +148,9 @@ func (c *Config) defaults() {
 	if c.CommitGap == 0 {
 		c.CommitGap = time.Millisecond
 	}
+	if c.TunnelIdle <= 0 {
+		c.TunnelIdle = defaultTunnelIdle
+	}
 }
 
 // Server is a running lease server.
@@ -157,6 +163,11 @@ type Server struct {
 	cert   tls.Certificate
 	log    *slog.Logger
 	logs   *logHub
+	// tunnels carry users' connections to their jobs' ports; closing is
+	// closed when the server stops, which ends them.
+	tunnels   *tunnelHub
+	closing   chan struct{}
+	closeOnce sync.Once
 
 	mu     sync.Mutex
 	broken error
@@ -273,6 +284,8 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger,
 		unauth:  newRateLimiter(cfg.UnauthRate, cfg.UnauthBurst),
 		logs:    newLogHub(filepath.Join(cfg.DataDir, "logs")),
+		tunnels: newTunnelHub(),
+		closing: make(chan struct{}),
 		agents:  map[string]*agentInfo{},
 		users:   map[string]*userInfo{},
 		byName:  map[string]*userInfo{},
@@ -292,7 +305,10 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.cm = newCommitter(st, cfg.CommitGap, s.log)
 	lctx, cancel := context.WithCancel(context.Background())
-	s.stop = cancel
+	s.stop = func() {
+		cancel()
+		s.closeOnce.Do(func() { close(s.closing) })
+	}
 	s.loopWG.Add(1)
 	go s.ticker(lctx)
 	return s, nil

@@ -78,6 +78,7 @@ type jobSpecRow struct {
 	Image   string            `json:"image,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	WorkDir string            `json:"workdir,omitempty"`
+	Ports   []int             `json:"ports,omitempty"`
 }
 
 type allocationRow struct {
@@ -335,11 +336,11 @@ func constraintsFromRow(r constraintsRow) api.Constraints {
 }
 
 func jobSpecToRow(s api.JobSpec) jobSpecRow {
-	return jobSpecRow{Command: s.Command, Image: s.Image, Env: s.Env, WorkDir: s.WorkDir}
+	return jobSpecRow{Command: s.Command, Image: s.Image, Env: s.Env, WorkDir: s.WorkDir, Ports: s.Ports}
 }
 
 func jobSpecFromRow(r jobSpecRow) api.JobSpec {
-	return api.JobSpec{Command: r.Command, Image: r.Image, Env: r.Env, WorkDir: r.WorkDir}
+	return api.JobSpec{Command: r.Command, Image: r.Image, Env: r.Env, WorkDir: r.WorkDir, Ports: r.Ports}
 }
 
 func allocationToRow(a api.Allocation) allocationRow {

@@ -430,7 +430,11 @@ type JobSpec struct {
 	Env     *map[string]string `json:"env,omitempty"`
 
 	// Image a container image reference
-	Image   *string `json:"image,omitempty"`
+	Image *string `json:"image,omitempty"`
+
+	// Ports TCP ports the job listens on; kiln forward and
+	// /v1/leases/{id}/ports/{port}/connect reach these and no others
+	Ports   *[]int  `json:"ports,omitempty"`
 	Workdir *string `json:"workdir,omitempty"`
 }
 
@@ -783,6 +787,13 @@ type TokenRequest struct {
 	User *Name `json:"user,omitempty"`
 }
 
+// TunnelOrder an order to an agent to connect to a port of one of its jobs
+type TunnelOrder struct {
+	ID    string `json:"id"`
+	JobID string `json:"job_id"`
+	Port  int    `json:"port"`
+}
+
 // User a person or robot with tokens
 type User struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -858,6 +869,12 @@ type Unavailable = Error
 // ReportJobExit200JSONResponseBodyStatus defines parameters for ReportJobExit.
 type ReportJobExit200JSONResponseBodyStatus string
 
+// AcceptTunnelParams defines parameters for AcceptTunnel.
+type AcceptTunnelParams struct {
+	// Refused why the agent could not connect (at most 1 KiB is kept)
+	Refused *string `form:"refused,omitempty" json:"refused,omitempty"`
+}
+
 // ListEventsParams defines parameters for ListEvents.
 type ListEventsParams struct {
 	// After only events with a greater seq
@@ -892,6 +909,15 @@ type GetLeaseParams struct {
 
 	// Since the X-Kiln-Lease-Version of an earlier answer
 	Since *string `form:"since,omitempty" json:"since,omitempty"`
+}
+
+// ConnectPortParams defines parameters for ConnectPort.
+type ConnectPortParams struct {
+	// Job the job (default the newest that declares the port)
+	Job *string `form:"job,omitempty" json:"job,omitempty"`
+
+	// Rank the task of a gang job (default 0)
+	Rank *int `form:"rank,omitempty" json:"rank,omitempty"`
 }
 
 // RegisterNodeJSONRequestBody defines body for RegisterNode for application/json ContentType.
@@ -1067,6 +1093,26 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/agent/nodes/{node}/jobs/{job}/logs (the `AppendJobLog` operationId).
 	AppendJobLogWithBody(ctx context.Context, node AgentNode, job AgentJob, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// TunnelOrders An agent's stream of connection orders
+	//
+	// One TunnelOrder as JSON a line, for as long as the agent keeps it
+	// open; a blank line every 30 s keeps it alive. A newer stream of the
+	// same node replaces this one.
+	//
+	// Corresponds with GET /v1/agent/nodes/{node}/tunnels (the `TunnelOrders` operationId).
+	TunnelOrders(ctx context.Context, node AgentNode, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// AcceptTunnelWithBody An agent carries one connection it was ordered to open
+	//
+	// A full-duplex stream (HTTP/2): the request body is what the job's
+	// port sends, the answer's body what the user sends. With ?refused= the
+	// agent says why it could not connect, and the body is empty.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/agent/nodes/{node}/tunnels/{tid} (the `AcceptTunnel` operationId).
+	AcceptTunnelWithBody(ctx context.Context, node AgentNode, tid string, params *AcceptTunnelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListEvents The event log of the caller's projects
 	//
 	// Events after a sequence number, oldest first (admins see all, members those of their projects).
@@ -1206,6 +1252,23 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/leases/{id}/jobs (the `AddJob` operationId).
 	AddJob(ctx context.Context, id LeaseID, body AddJobJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ConnectPortWithBody Open a TCP connection to a port of a job in the lease
+	//
+	// A full-duplex stream (HTTP/2): the request body is what the caller
+	// sends, the answer's body what the job's port sends back, for as long
+	// as both stay open. The job is the newest of the lease that declares
+	// the port (JobSpec.ports), or ?job=; its task of ?rank= (0). Only the
+	// lease's owner and admins connect. The server asks the node's agent
+	// to connect on its own connection to the server; nothing on the node
+	// listens for kiln. The stream ends when either side closes, when the
+	// job or the lease ends, and after the server's idle time (30 minutes
+	// by default).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/leases/{id}/ports/{port}/connect (the `ConnectPort` operationId).
+	ConnectPortWithBody(ctx context.Context, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListNodes Nodes and their devices
 	//
@@ -1473,6 +1536,46 @@ func (c *Client) ReportJobExit(ctx context.Context, node AgentNode, job AgentJob
 // Corresponds with POST /v1/agent/nodes/{node}/jobs/{job}/logs (the `AppendJobLog` operationId).
 func (c *Client) AppendJobLogWithBody(ctx context.Context, node AgentNode, job AgentJob, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewAppendJobLogRequestWithBody(c.Server, node, job, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// TunnelOrders An agent's stream of connection orders
+//
+// One TunnelOrder as JSON a line, for as long as the agent keeps it
+// open; a blank line every 30 s keeps it alive. A newer stream of the
+// same node replaces this one.
+//
+// Corresponds with GET /v1/agent/nodes/{node}/tunnels (the `TunnelOrders` operationId).
+func (c *Client) TunnelOrders(ctx context.Context, node AgentNode, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewTunnelOrdersRequest(c.Server, node)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// AcceptTunnelWithBody An agent carries one connection it was ordered to open
+//
+// A full-duplex stream (HTTP/2): the request body is what the job's
+// port sends, the answer's body what the user sends. With ?refused= the
+// agent says why it could not connect, and the body is empty.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/agent/nodes/{node}/tunnels/{tid} (the `AcceptTunnel` operationId).
+func (c *Client) AcceptTunnelWithBody(ctx context.Context, node AgentNode, tid string, params *AcceptTunnelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAcceptTunnelRequestWithBody(c.Server, node, tid, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1773,6 +1876,33 @@ func (c *Client) AddJobWithBody(ctx context.Context, id LeaseID, contentType str
 // Corresponds with POST /v1/leases/{id}/jobs (the `AddJob` operationId).
 func (c *Client) AddJob(ctx context.Context, id LeaseID, body AddJobJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewAddJobRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ConnectPortWithBody Open a TCP connection to a port of a job in the lease
+//
+// A full-duplex stream (HTTP/2): the request body is what the caller
+// sends, the answer's body what the job's port sends back, for as long
+// as both stay open. The job is the newest of the lease that declares
+// the port (JobSpec.ports), or ?job=; its task of ?rank= (0). Only the
+// lease's owner and admins connect. The server asks the node's agent
+// to connect on its own connection to the server; nothing on the node
+// listens for kiln. The stream ends when either side closes, when the
+// job or the lease ends, and after the server's idle time (30 minutes
+// by default).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/leases/{id}/ports/{port}/connect (the `ConnectPort` operationId).
+func (c *Client) ConnectPortWithBody(ctx context.Context, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewConnectPortRequestWithBody(c.Server, id, port, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2275,6 +2405,110 @@ func NewAppendJobLogRequestWithBody(server string, node AgentNode, job AgentJob,
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewTunnelOrdersRequest constructs an http.Request for the TunnelOrders method
+func NewTunnelOrdersRequest(server string, node AgentNode) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "node", node, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/agent/nodes/%s/tunnels", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewAcceptTunnelRequestWithBody constructs an http.Request for the AcceptTunnel method, with any body, and a specified content type
+func NewAcceptTunnelRequestWithBody(server string, node AgentNode, tid string, params *AcceptTunnelParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "node", node, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "tid", tid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/agent/nodes/%s/tunnels/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Refused != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "refused", *params.Refused, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
@@ -2861,6 +3095,88 @@ func NewAddJobRequestWithBody(server string, id LeaseID, contentType string, bod
 	return req, nil
 }
 
+// NewConnectPortRequestWithBody constructs an http.Request for the ConnectPort method, with any body, and a specified content type
+func NewConnectPortRequestWithBody(server string, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/ports/%s/connect", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Job != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "job", *params.Job, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Rank != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "rank", *params.Rank, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewListNodesRequest constructs an http.Request for the ListNodes method
 func NewListNodesRequest(server string) (*http.Request, error) {
 	var err error
@@ -3415,6 +3731,28 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/agent/nodes/{node}/jobs/{job}/logs (the `AppendJobLog` operationId).
 	AppendJobLogWithBodyWithResponse(ctx context.Context, node AgentNode, job AgentJob, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AppendJobLogResponse, error)
 
+	// TunnelOrdersWithResponse An agent's stream of connection orders
+	//
+	// One TunnelOrder as JSON a line, for as long as the agent keeps it
+	// open; a blank line every 30 s keeps it alive. A newer stream of the
+	// same node replaces this one.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/agent/nodes/{node}/tunnels (the `TunnelOrders` operationId).
+	TunnelOrdersWithResponse(ctx context.Context, node AgentNode, reqEditors ...RequestEditorFn) (*TunnelOrdersResponse, error)
+
+	// AcceptTunnelWithBodyWithResponse An agent carries one connection it was ordered to open
+	//
+	// A full-duplex stream (HTTP/2): the request body is what the job's
+	// port sends, the answer's body what the user sends. With ?refused= the
+	// agent says why it could not connect, and the body is empty.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/agent/nodes/{node}/tunnels/{tid} (the `AcceptTunnel` operationId).
+	AcceptTunnelWithBodyWithResponse(ctx context.Context, node AgentNode, tid string, params *AcceptTunnelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcceptTunnelResponse, error)
+
 	// ListEventsWithResponse The event log of the caller's projects
 	//
 	// Events after a sequence number, oldest first (admins see all, members those of their projects).
@@ -3570,6 +3908,23 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/leases/{id}/jobs (the `AddJob` operationId).
 	AddJobWithResponse(ctx context.Context, id LeaseID, body AddJobJSONRequestBody, reqEditors ...RequestEditorFn) (*AddJobResponse, error)
+
+	// ConnectPortWithBodyWithResponse Open a TCP connection to a port of a job in the lease
+	//
+	// A full-duplex stream (HTTP/2): the request body is what the caller
+	// sends, the answer's body what the job's port sends back, for as long
+	// as both stay open. The job is the newest of the lease that declares
+	// the port (JobSpec.ports), or ?job=; its task of ?rank= (0). Only the
+	// lease's owner and admins connect. The server asks the node's agent
+	// to connect on its own connection to the server; nothing on the node
+	// listens for kiln. The stream ends when either side closes, when the
+	// job or the lease ends, and after the server's idle time (30 minutes
+	// by default).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/leases/{id}/ports/{port}/connect (the `ConnectPort` operationId).
+	ConnectPortWithBodyWithResponse(ctx context.Context, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ConnectPortResponse, error)
 
 	// ListNodesWithResponse Nodes and their devices
 	//
@@ -4222,6 +4577,123 @@ func (r AppendJobLogResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r AppendJobLogResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type TunnelOrdersResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r TunnelOrdersResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r TunnelOrdersResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r TunnelOrdersResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r TunnelOrdersResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r TunnelOrdersResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r TunnelOrdersResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r TunnelOrdersResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type AcceptTunnelResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r AcceptTunnelResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r AcceptTunnelResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r AcceptTunnelResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r AcceptTunnelResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r AcceptTunnelResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r AcceptTunnelResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r AcceptTunnelResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r AcceptTunnelResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5371,6 +5843,124 @@ func (r AddJobResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r AddJobResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ConnectPortResponse200Headers the declared response headers of an HTTP 200 response for ConnectPort
+type ConnectPortResponse200Headers struct {
+	XKilnTunnel *string
+}
+
+// ConnectPortResponse429Headers the declared response headers of an HTTP 429 response for ConnectPort
+type ConnectPortResponse429Headers struct {
+	RetryAfter *int
+}
+
+type ConnectPortResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// JSON504 the response for an HTTP 504 `application/json` response
+	JSON504 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ConnectPortResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ConnectPortResponse429Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ConnectPortResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ConnectPortResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ConnectPortResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ConnectPortResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ConnectPortResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ConnectPortResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r ConnectPortResponse) GetJSON502() *Error {
+	return r.JSON502
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ConnectPortResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetJSON504 returns the response for an HTTP 504 `application/json` response
+func (r ConnectPortResponse) GetJSON504() *Error {
+	return r.JSON504
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ConnectPortResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ConnectPortResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ConnectPortResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ConnectPortResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ConnectPortResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -6684,6 +7274,40 @@ func (c *ClientWithResponses) AppendJobLogWithBodyWithResponse(ctx context.Conte
 	return ParseAppendJobLogResponse(rsp)
 }
 
+// TunnelOrdersWithResponse An agent's stream of connection orders
+//
+// One TunnelOrder as JSON a line, for as long as the agent keeps it
+// open; a blank line every 30 s keeps it alive. A newer stream of the
+// same node replaces this one.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/agent/nodes/{node}/tunnels (the `TunnelOrders` operationId).
+func (c *ClientWithResponses) TunnelOrdersWithResponse(ctx context.Context, node AgentNode, reqEditors ...RequestEditorFn) (*TunnelOrdersResponse, error) {
+	rsp, err := c.TunnelOrders(ctx, node, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseTunnelOrdersResponse(rsp)
+}
+
+// AcceptTunnelWithBodyWithResponse An agent carries one connection it was ordered to open
+//
+// A full-duplex stream (HTTP/2): the request body is what the job's
+// port sends, the answer's body what the user sends. With ?refused= the
+// agent says why it could not connect, and the body is empty.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/agent/nodes/{node}/tunnels/{tid} (the `AcceptTunnel` operationId).
+func (c *ClientWithResponses) AcceptTunnelWithBodyWithResponse(ctx context.Context, node AgentNode, tid string, params *AcceptTunnelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcceptTunnelResponse, error) {
+	rsp, err := c.AcceptTunnelWithBody(ctx, node, tid, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAcceptTunnelResponse(rsp)
+}
+
 // ListEventsWithResponse The event log of the caller's projects
 //
 // Events after a sequence number, oldest first (admins see all, members those of their projects).
@@ -6934,6 +7558,29 @@ func (c *ClientWithResponses) AddJobWithResponse(ctx context.Context, id LeaseID
 		return nil, err
 	}
 	return ParseAddJobResponse(rsp)
+}
+
+// ConnectPortWithBodyWithResponse Open a TCP connection to a port of a job in the lease
+//
+// A full-duplex stream (HTTP/2): the request body is what the caller
+// sends, the answer's body what the job's port sends back, for as long
+// as both stay open. The job is the newest of the lease that declares
+// the port (JobSpec.ports), or ?job=; its task of ?rank= (0). Only the
+// lease's owner and admins connect. The server asks the node's agent
+// to connect on its own connection to the server; nothing on the node
+// listens for kiln. The stream ends when either side closes, when the
+// job or the lease ends, and after the server's idle time (30 minutes
+// by default).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/leases/{id}/ports/{port}/connect (the `ConnectPort` operationId).
+func (c *ClientWithResponses) ConnectPortWithBodyWithResponse(ctx context.Context, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ConnectPortResponse, error) {
+	rsp, err := c.ConnectPortWithBody(ctx, id, port, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseConnectPortResponse(rsp)
 }
 
 // ListNodesWithResponse Nodes and their devices
@@ -7639,6 +8286,96 @@ func ParseAppendJobLogResponse(rsp *http.Response) (*AppendJobLogResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseTunnelOrdersResponse parses an HTTP response from a TunnelOrdersWithResponse call
+func ParseTunnelOrdersResponse(rsp *http.Response) (*TunnelOrdersResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &TunnelOrdersResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseAcceptTunnelResponse parses an HTTP response from a AcceptTunnelWithResponse call
+func ParseAcceptTunnelResponse(rsp *http.Response) (*AcceptTunnelResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &AcceptTunnelResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
 	}
 
 	return response, nil
@@ -8672,6 +9409,118 @@ func ParseAddJobResponse(rsp *http.Response) (*AddJobResponse, error) {
 	switch {
 	case rsp.StatusCode == 429:
 		var headers AddJobResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseConnectPortResponse parses an HTTP response from a ConnectPortWithResponse call
+func ParseConnectPortResponse(rsp *http.Response) (*ConnectPortResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ConnectPortResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 504:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON504 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ConnectPortResponse200Headers
+		if values := rsp.Header.Values("X-Kiln-Tunnel"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Kiln-Tunnel", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XKilnTunnel = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers ConnectPortResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

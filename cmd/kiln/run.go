@@ -23,6 +23,7 @@ func newRunCmd() *cobra.Command {
 	var sf sizeFlags
 	var image, leaseID, workdir string
 	var env []string
+	var ports []int
 	var detach bool
 	cmd := &cobra.Command{
 		Use:   "run [--gpus N | --fraction F --mem M | --mig P] [--image REF] -- CMD [ARG...]",
@@ -47,7 +48,8 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
   kiln run --gpus 4 --same-nvlink --time-limit 2h -- torchrun --nproc-per-node 4 train.py
   kiln run --fraction 0.5 --mem 20G -- python infer.py
   kiln run --lease l-1a2b3c -- python eval.py
-  kiln run --gpus 2 --detach -o json -- ./train.sh`,
+  kiln run --gpus 2 --detach -o json -- ./train.sh
+  kiln run --gpus 1 --port 8000 -d -- python -m http.server 8000   # then: kiln forward LEASE 8000`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && image == "" {
@@ -57,7 +59,7 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 			if err != nil {
 				return err
 			}
-			spec := api.JobSpec{Command: args, Image: image, WorkDir: workdir, Env: map[string]string{}}
+			spec := api.JobSpec{Command: args, Image: image, WorkDir: workdir, Env: map[string]string{}, Ports: ports}
 			for _, kv := range env {
 				k, v, ok := strings.Cut(kv, "=")
 				if !ok {
@@ -140,6 +142,7 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 	fl.StringVar(&leaseID, "lease", "", "run in this lease instead of asking for a new one")
 	fl.StringVar(&workdir, "workdir", "", "working directory on the node (default: the current one when the server is on this machine)")
 	fl.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE for the job (repeatable)")
+	fl.IntSliceVar(&ports, "port", nil, "a TCP port the job listens on, reached with 'kiln forward' (repeatable)")
 	fl.BoolVarP(&detach, "detach", "d", false, "print the lease and return at once; follow with 'kiln logs -f'")
 	return cmd
 }

@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"kiln.dev/kiln/api"
+)
+
+// PortDialer is a job handle whose ports are not on the node's loopback
+// (a container with a network namespace of its own, a Pod): it connects
+// to them itself.
+type PortDialer interface {
+	DialPort(ctx context.Context, port int) (net.Conn, error)
+}
+
+// maxOrderLine bounds one line of the server's order stream.
+const maxOrderLine = 4096
+
+// runTunnels keeps the order stream open: the server asks on it for
+// connections to the ports of this node's jobs, and each is carried on a
+// stream of its own over the agent's connection to the server.
+func (a *Agent) runTunnels(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := a.tunnelOrders(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > time.Minute {
+			backoff = 100 * time.Millisecond
+		}
+		a.log.Debug("tunnel order stream ended; opening it again", "err", err, "in", backoff)
+		if !sleep(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (a *Agent) tunnelOrders(ctx context.Context) error {
+	body, err := a.client.TunnelOrders(ctx, a.node)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 0, 512), maxOrderLine)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 {
+			continue
+		}
+		var o api.TunnelOrder
+		if err := json.Unmarshal(line, &o); err != nil || o.ID == "" {
+			a.log.Warn("unreadable tunnel order", "err", err)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.serveTunnel(ctx, o)
+		}()
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return io.ErrUnexpectedEOF
+}
+
+// serveTunnel connects to the job's port and carries the connection.
+func (a *Agent) serveTunnel(ctx context.Context, o api.TunnelOrder) {
+	conn, err := a.dialJob(ctx, o.JobID, o.Port)
+	if err != nil {
+		if rerr := a.client.RefuseTunnel(ctx, a.node, o.ID, err.Error()); rerr != nil {
+			a.log.Debug("refusing a tunnel", "tunnel", o.ID, "err", rerr)
+		}
+		return
+	}
+	defer conn.Close()
+	st, err := a.client.AcceptTunnel(ctx, a.node, o.ID)
+	if err != nil {
+		a.log.Debug("opening a tunnel", "tunnel", o.ID, "err", err)
+		return
+	}
+	defer st.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(st, conn) // the job's bytes to the user
+		st.Close()
+	}()
+	_, _ = io.Copy(conn, st) // the user's bytes to the job
+	conn.Close()
+	<-done
+}
+
+// dialJob connects to port of a job running here that declared it.
+func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, error) {
+	a.mu.Lock()
+	j := a.jobs[jobID]
+	a.mu.Unlock()
+	switch {
+	case j == nil:
+		return nil, fmt.Errorf("job %s does not run on this node", jobID)
+	case !slices.Contains(j.a.Spec.Ports, port):
+		return nil, fmt.Errorf("job %s does not declare port %d", jobID, port)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if d, ok := j.h.(PortDialer); ok {
+		return d.DialPort(dctx, port)
+	}
+	var dl net.Dialer
+	conn, err := dl.DialContext(dctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		if c6, err6 := dl.DialContext(dctx, "tcp", net.JoinHostPort("::1", strconv.Itoa(port))); err6 == nil {
+			return c6, nil
+		}
+		var oe *net.OpError
+		if errors.As(err, &oe) && oe.Err != nil {
+			err = oe.Err
+		}
+		return nil, fmt.Errorf("nothing accepts connections on port %d (%v): is the job listening yet?", port, err)
+	}
+	return conn, nil
+}

@@ -1,0 +1,75 @@
+// Package tunneltest is a job for tests of kiln's tunnels: a TCP echo and
+// an HTTP server (a plain page and a server-sent event stream), run by a
+// test binary that a kiln job starts.
+package tunneltest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+// Env names the ports, "ECHO,HTTP", of a test binary started as the job.
+const Env = "KILN_TEST_PORT_SERVER"
+
+// Page is what GET /hello answers, with the path after it.
+const Page = "hello from the job, path "
+
+// Events are the data lines GET /events sends, in order.
+var Events = []string{"event 0", "event 1", "event 2"}
+
+// Wanted reports whether this process was started as the job.
+func Wanted() bool { return os.Getenv(Env) != "" }
+
+// Serve runs the job on the ports Env names until the process is stopped.
+func Serve() error {
+	echoPort, httpPort, ok := strings.Cut(os.Getenv(Env), ",")
+	if !ok {
+		return fmt.Errorf("%s=%q: want ECHO,HTTP ports", Env, os.Getenv(Env))
+	}
+	echo, err := net.Listen("tcp", "127.0.0.1:"+echoPort)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s%s\n", Page, r.URL.Path)
+	})
+	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, e := range Events {
+			fmt.Fprintf(w, "data: %s\n\n", e)
+			w.(http.Flusher).Flush()
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	srv := &http.Server{Addr: "127.0.0.1:" + httpPort, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return srv.ListenAndServe()
+}
+
+// FreePorts returns n TCP ports free on loopback now.
+func FreePorts(n int) ([]int, error) {
+	var out []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ln.Addr().(*net.TCPAddr).Port)
+		defer ln.Close()
+	}
+	return out, nil
+}
