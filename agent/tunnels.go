@@ -100,7 +100,9 @@ func (a *Agent) serveTunnel(ctx context.Context, o api.TunnelOrder) {
 	go func() {
 		defer close(done)
 		_, _ = io.Copy(st, conn) // the job's bytes to the user
-		st.Close()
+		// The job closed its side: the server passes on what is in
+		// flight, then ends the stream, which ends the copy below.
+		_ = st.CloseWrite()
 	}()
 	_, _ = io.Copy(conn, st) // the user's bytes to the job
 	conn.Close()

@@ -453,6 +453,10 @@ type Stream struct {
 func (s *Stream) Read(p []byte) (int, error)  { return s.r.Read(p) }
 func (s *Stream) Write(p []byte) (int, error) { return s.w.Write(p) }
 
+// CloseWrite says the far end gets nothing more; what it sends is still
+// read until it ends.
+func (s *Stream) CloseWrite() error { return s.w.Close() }
+
 // Close ends the stream both ways.
 func (s *Stream) Close() error {
 	s.once.Do(func() {

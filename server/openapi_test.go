@@ -41,7 +41,9 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	s := &Server{}
 	served := map[string]string{}
 	for _, r := range s.routes() {
-		served[r.method+" "+r.path] = r.auth
+		// OpenAPI has no path parameter that holds slashes: {path...}
+		// is written {path} there.
+		served[r.method+" "+strings.ReplaceAll(r.path, "...}", "}")] = r.auth
 	}
 	var missing, extra []string
 	for k, auth := range served {

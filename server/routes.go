@@ -35,8 +35,9 @@ type route struct {
 // streamRoutes read their body as it comes (a tunnel's bytes), for as long
 // as the handler runs: the guard does not read it first.
 var streamRoutes = map[string]bool{
-	"/v1/leases/{id}/ports/{port}/connect": true,
-	"/v1/agent/nodes/{node}/tunnels/{tid}": true,
+	"/v1/leases/{id}/ports/{port}/connect":        true,
+	"/v1/agent/nodes/{node}/tunnels/{tid}":        true,
+	"/v1/leases/{id}/ports/{port}/http/{path...}": true,
 }
 
 // routes is the whole API; api/openapi.yaml must describe the same
@@ -74,6 +75,11 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/exit", authAgent, s.jobExit},
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/logs", authAgent, s.jobLogChunk},
 		{"POST", "/v1/leases/{id}/ports/{port}/connect", authUser, s.connectPort},
+		{"GET", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
+		{"POST", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
+		{"PUT", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
+		{"PATCH", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
+		{"DELETE", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"GET", "/v1/agent/nodes/{node}/tunnels", authAgent, s.tunnelOrders},
 		{"POST", "/v1/agent/nodes/{node}/tunnels/{tid}", authAgent, s.tunnelAccept},
 	}

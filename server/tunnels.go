@@ -1,9 +1,11 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -50,9 +52,13 @@ type pendingTunnel struct {
 // tunnelHalf is one side of a tunnel: the request body that brings what
 // that side sends, and the response that takes what it receives.
 type tunnelHalf struct {
-	body io.ReadCloser
-	w    http.ResponseWriter
-	rc   *http.ResponseController
+	body  io.ReadCloser
+	w     io.Writer
+	flush func() error
+	cut   func() // unblocks a write that waits
+	// writers counts the pumps that write to w: a handler returns only
+	// once they stopped, as w is not to be used after.
+	writers sync.WaitGroup
 	// refused is the agent's reason when it could not connect.
 	refused string
 }
@@ -188,14 +194,16 @@ func (t *tunnel) close(why string) {
 		t.why.Store(&why)
 		for _, h := range []*tunnelHalf{t.user, t.agent} {
 			_ = h.body.Close()
-			_ = h.rc.SetWriteDeadline(time.Now())
+			h.cut()
 		}
 		close(t.done)
 	})
 }
 
-// pump copies what one side sends to the other until either ends.
+// pump copies what one side sends to the other until either ends; its
+// to.writers was counted.
 func (t *tunnel) pump(from, to *tunnelHalf) {
+	defer to.writers.Done()
 	buf := make([]byte, tunnelBuffer)
 	for {
 		n, err := from.body.Read(buf)
@@ -205,7 +213,7 @@ func (t *tunnel) pump(from, to *tunnelHalf) {
 				t.close("the connection was cut")
 				return
 			}
-			if ferr := to.rc.Flush(); ferr != nil {
+			if ferr := to.flush(); ferr != nil {
 				t.close("the connection was cut")
 				return
 			}
@@ -239,53 +247,81 @@ func (s *Server) connectPort(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, err)
 		return
 	}
-	id, p, err := s.tunnels.order(node, job, port)
+	user := httpHalf(r.Body, w)
+	t, err := s.openTunnel(r.Context(), node, job, port, user, func(id string) error {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("X-Kiln-Tunnel", id)
+		w.WriteHeader(http.StatusOK)
+		return user.flush()
+	})
 	if err != nil {
-		writeErr(w, 0, err)
+		if r.Context().Err() == nil {
+			writeErr(w, 0, err)
+		}
 		return
 	}
-	decided := sync.OnceFunc(func() { close(p.decided) })
-	defer decided()
+	s.log.Info("tunnel open", "tunnel", t.id, "user", c.user.Name, "job", job, "node", node, "port", port)
+	s.watchTunnel(r.Context(), t)
+	user.writers.Wait()
+	s.log.Info("tunnel closed", "tunnel", t.id, "why", *t.why.Load())
+}
+
+// httpHalf is the side of a tunnel that a request's body and its answer
+// carry.
+func httpHalf(body io.ReadCloser, w http.ResponseWriter) *tunnelHalf {
+	rc := http.NewResponseController(w)
+	return &tunnelHalf{body: body, w: w, flush: rc.Flush, cut: func() { _ = rc.SetWriteDeadline(time.Now()) }}
+}
+
+// openTunnel orders node's agent to connect to port of job and joins its
+// answer to user; ready runs, with the tunnel's id, once the agent
+// connected and before any byte of the job's reaches user.
+func (s *Server) openTunnel(ctx context.Context, node, job string, port int, user *tunnelHalf, ready func(id string) error) (*tunnel, error) {
+	id, p, err := s.tunnels.order(node, job, port)
+	if err != nil {
+		return nil, err
+	}
+	// The agent's handler waits for the decision: the tunnel, or none.
+	defer close(p.decided)
 	var agent *tunnelHalf
 	select {
 	case agent = <-p.arrived:
 	case <-time.After(tunnelConnectWait):
 		s.tunnels.forget(id)
-		writeErr(w, http.StatusGatewayTimeout, fmt.Errorf("the agent of node %s did not answer within %s", node, tunnelConnectWait))
-		return
-	case <-r.Context().Done():
+		return nil, errStatus(http.StatusGatewayTimeout, "the agent of node %s did not answer within %s", node, tunnelConnectWait)
+	case <-ctx.Done():
 		s.tunnels.forget(id)
-		return
+		return nil, ctx.Err()
 	}
 	if agent.refused != "" {
-		writeErr(w, http.StatusBadGateway, fmt.Errorf("port %d of job %s on node %s: %s", port, job, node, agent.refused))
-		return
+		return nil, errStatus(http.StatusBadGateway, "port %d of job %s on node %s: %s", port, job, node, agent.refused)
 	}
-	user := &tunnelHalf{body: r.Body, w: w, rc: http.NewResponseController(w)}
+	if err := ready(id); err != nil {
+		return nil, err
+	}
 	t := &tunnel{id: id, job: job, user: user, agent: agent, done: make(chan struct{})}
 	t.last.Store(time.Now().UnixNano())
 	s.tunnels.add(t)
-	defer s.tunnels.remove(t)
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("X-Kiln-Tunnel", id)
-	w.WriteHeader(http.StatusOK)
-	if err := user.rc.Flush(); err != nil {
-		t.close("the user went away")
-	}
-	s.log.Info("tunnel open", "tunnel", id, "user", c.user.Name, "job", job, "node", node, "port", port)
-	// The agent's handler pumps the other way once decided.
-	p.t = t
-	decided()
+	// Both pumps are counted before either handler may wait for them.
+	user.writers.Add(1)
+	agent.writers.Add(1)
+	p.t = t // the agent's handler pumps the other way
 	go t.pump(user, agent)
+	return t, nil
+}
+
+// watchTunnel returns once t is closed: by either side, the job's end,
+// the server stopping, ctx ending or the idle time passing.
+func (s *Server) watchTunnel(ctx context.Context, t *tunnel) {
+	defer s.tunnels.remove(t)
 	idle := s.cfg.TunnelIdle
 	tick := time.NewTicker(min(idle/4+time.Millisecond, time.Minute))
 	defer tick.Stop()
 	for {
 		select {
 		case <-t.done:
-			s.log.Info("tunnel closed", "tunnel", id, "why", *t.why.Load())
 			return
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			t.close("the user went away")
 		case <-s.closing:
 			t.close("the server is stopping")
@@ -295,6 +331,33 @@ func (s *Server) connectPort(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// dialJobPort is a connection to port of job for the server itself (the
+// HTTP path): a tunnel whose user side is one end of an in-memory pipe.
+func (s *Server) dialJobPort(ctx context.Context, node, job string, port int) (net.Conn, error) {
+	mine, theirs := net.Pipe()
+	user := &tunnelHalf{body: theirs, w: theirs, flush: func() error { return nil }, cut: func() { theirs.Close() }}
+	t, err := s.openTunnel(ctx, node, job, port, user, func(string) error { return nil })
+	if err != nil {
+		mine.Close()
+		theirs.Close()
+		return nil, err
+	}
+	go s.watchTunnel(context.Background(), t)
+	return &tunnelConn{Conn: mine, t: t}, nil
+}
+
+// tunnelConn closes its tunnel with it.
+type tunnelConn struct {
+	net.Conn
+	t *tunnel
+}
+
+func (c *tunnelConn) Close() error {
+	err := c.Conn.Close()
+	c.t.close("the connection was closed")
+	return err
 }
 
 // portTarget finds the job of lease id that declares port, and the node
@@ -387,7 +450,7 @@ func (s *Server) tunnelAccept(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, fmt.Errorf("no connection %s waits for node %s", textsafe.Printable(trunc(r.PathValue("tid"))), node))
 		return
 	}
-	half := &tunnelHalf{body: r.Body, w: w, rc: http.NewResponseController(w)}
+	half := httpHalf(r.Body, w)
 	if why := r.URL.Query().Get("refused"); why != "" {
 		if len(why) > maxTunnelRefusal {
 			why = why[:maxTunnelRefusal]
@@ -400,7 +463,7 @@ func (s *Server) tunnelAccept(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.WriteHeader(http.StatusOK)
-	if err := half.rc.Flush(); err != nil {
+	if err := half.flush(); err != nil {
 		return
 	}
 	p.arrived <- half
@@ -415,5 +478,5 @@ func (s *Server) tunnelAccept(w http.ResponseWriter, r *http.Request) {
 	case <-r.Context().Done():
 		t.close("the agent went away")
 	}
-	<-t.done
+	half.writers.Wait()
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/websocket"
+
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/server/tunneltest"
@@ -129,6 +131,69 @@ func TestTunnels(t *testing.T) {
 	if strings.Join(events, ",") != strings.Join(tunneltest.Events, ",") {
 		t.Errorf("server-sent events through the tunnel: %q", events)
 	}
+
+	// The HTTP path: the server answers for the job, without kiln's
+	// credentials reaching it.
+	base := fmt.Sprintf("%s/v1/leases/%s/ports/%d/http", c.url, l.ID, httpPort)
+	get := func(cl *api.Client, path string) (int, string) {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		req.Header.Set("Authorization", "Bearer "+cl.Token)
+		req.AddCookie(&http.Cookie{Name: "kiln_session", Value: "secret"})
+		req.AddCookie(&http.Cookie{Name: "app", Value: "kept"})
+		resp, err := cl.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(alice, "/a/b?q=1"); code != 200 || !strings.Contains(body, tunneltest.Page+"/a/b") {
+		t.Errorf("GET through the HTTP path: %d %q", code, body)
+	}
+	// Many requests, each on a tunnel of its own that the job's server
+	// closes after answering: none loses its answer.
+	for i := range 50 {
+		if code, body := get(alice, "/n"+strconv.Itoa(i)); code != 200 || !strings.Contains(body, tunneltest.Page+"/n"+strconv.Itoa(i)) {
+			t.Fatalf("request %d through the HTTP path: %d %q", i, code, body)
+		}
+	}
+	code, hdrs := get(alice, "/headers")
+	if code != 200 || strings.Contains(hdrs, alice.Token) || strings.Contains(hdrs, "kiln_session") || !strings.Contains(hdrs, "app=kept") ||
+		!strings.Contains(hdrs, "X-Forwarded-Prefix: /v1/leases/"+l.ID+"/ports/"+strconv.Itoa(httpPort)+"/http") {
+		t.Errorf("the job got these headers through the HTTP path (%d):\n%s", code, hdrs)
+	}
+	if code, body := get(alice, "/events"); code != 200 || strings.Count(body, "data: event") != len(tunneltest.Events) {
+		t.Errorf("server-sent events through the HTTP path: %d %q", code, body)
+	}
+	if code, _ := get(bob, "/hello"); code != http.StatusForbidden {
+		t.Errorf("bob through the HTTP path: %d, want 403", code)
+	}
+	if code, _ := get(carol, "/hello"); code != http.StatusNotFound {
+		t.Errorf("carol through the HTTP path: %d, want 404", code)
+	}
+	// A WebSocket (HTTP/1.1 upgrade) through the HTTP path.
+	wsURL := strings.Replace(base, "https://", "wss://", 1) + "/ws"
+	wcfg, err := websocket.NewConfig(wsURL, c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wcfg.TlsConfig = alice.HTTP.Transport.(*http.Transport).TLSClientConfig.Clone()
+	wcfg.TlsConfig.NextProtos = nil
+	wcfg.Header.Set("Authorization", "Bearer "+alice.Token)
+	ws, err := websocket.DialConfig(wcfg)
+	if err != nil {
+		t.Fatalf("WebSocket through the HTTP path: %v", err)
+	}
+	msg := strings.Repeat("websocket ", 1000)
+	if err := websocket.Message.Send(ws, msg); err != nil {
+		t.Fatal(err)
+	}
+	echoed := make([]byte, len(msg))
+	if _, err := io.ReadFull(ws, echoed); err != nil || string(echoed) != msg {
+		t.Errorf("WebSocket echo: %v", err)
+	}
+	ws.Close()
 
 	// Who may not connect, and what is not declared.
 	for _, c := range []struct {

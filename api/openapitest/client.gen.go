@@ -839,6 +839,12 @@ type LeaseID = string
 // NodeID defines model for NodeID.
 type NodeID = string
 
+// Port defines model for Port.
+type Port = int
+
+// ProxyPath defines model for ProxyPath.
+type ProxyPath = string
+
 // BadRequest the body of every error answer
 type BadRequest = Error
 
@@ -1269,6 +1275,77 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/leases/{id}/ports/{port}/connect (the `ConnectPort` operationId).
 	ConnectPortWithBody(ctx context.Context, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyPortDelete DELETE to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Corresponds with DELETE /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortDelete` operationId).
+	ProxyPortDelete(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyPortGet GET to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Corresponds with GET /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortGet` operationId).
+	ProxyPortGet(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyPortPatchWithBody PATCH to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPatch` operationId).
+	ProxyPortPatchWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyPortPostWithBody POST to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPost` operationId).
+	ProxyPortPostWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyPortPutWithBody PUT to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
+	ProxyPortPutWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListNodes Nodes and their devices
 	//
@@ -1903,6 +1980,127 @@ func (c *Client) AddJob(ctx context.Context, id LeaseID, body AddJobJSONRequestB
 // Corresponds with POST /v1/leases/{id}/ports/{port}/connect (the `ConnectPort` operationId).
 func (c *Client) ConnectPortWithBody(ctx context.Context, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewConnectPortRequestWithBody(c.Server, id, port, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyPortDelete DELETE to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Corresponds with DELETE /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortDelete` operationId).
+func (c *Client) ProxyPortDelete(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyPortDeleteRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyPortGet GET to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Corresponds with GET /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortGet` operationId).
+func (c *Client) ProxyPortGet(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyPortGetRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyPortPatchWithBody PATCH to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPatch` operationId).
+func (c *Client) ProxyPortPatchWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyPortPatchRequestWithBody(c.Server, id, port, path, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyPortPostWithBody POST to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPost` operationId).
+func (c *Client) ProxyPortPostWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyPortPostRequestWithBody(c.Server, id, port, path, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyPortPutWithBody PUT to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
+func (c *Client) ProxyPortPutWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyPortPutRequestWithBody(c.Server, id, port, path, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3177,6 +3375,252 @@ func NewConnectPortRequestWithBody(server string, id LeaseID, port int, params *
 	return req, nil
 }
 
+// NewProxyPortDeleteRequest constructs an http.Request for the ProxyPortDelete method
+func NewProxyPortDeleteRequest(server string, id LeaseID, port Port, path ProxyPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/ports/%s/http/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewProxyPortGetRequest constructs an http.Request for the ProxyPortGet method
+func NewProxyPortGetRequest(server string, id LeaseID, port Port, path ProxyPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/ports/%s/http/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewProxyPortPatchRequestWithBody constructs an http.Request for the ProxyPortPatch method, with any body, and a specified content type
+func NewProxyPortPatchRequestWithBody(server string, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/ports/%s/http/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewProxyPortPostRequestWithBody constructs an http.Request for the ProxyPortPost method, with any body, and a specified content type
+func NewProxyPortPostRequestWithBody(server string, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/ports/%s/http/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewProxyPortPutRequestWithBody constructs an http.Request for the ProxyPortPut method, with any body, and a specified content type
+func NewProxyPortPutRequestWithBody(server string, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/ports/%s/http/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewListNodesRequest constructs an http.Request for the ListNodes method
 func NewListNodesRequest(server string) (*http.Request, error) {
 	var err error
@@ -3925,6 +4369,81 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/leases/{id}/ports/{port}/connect (the `ConnectPort` operationId).
 	ConnectPortWithBodyWithResponse(ctx context.Context, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ConnectPortResponse, error)
+
+	// ProxyPortDeleteWithResponse DELETE to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortDelete` operationId).
+	ProxyPortDeleteWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*ProxyPortDeleteResponse, error)
+
+	// ProxyPortGetWithResponse GET to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortGet` operationId).
+	ProxyPortGetWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*ProxyPortGetResponse, error)
+
+	// ProxyPortPatchWithBodyWithResponse PATCH to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPatch` operationId).
+	ProxyPortPatchWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPatchResponse, error)
+
+	// ProxyPortPostWithBodyWithResponse POST to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPost` operationId).
+	ProxyPortPostWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPostResponse, error)
+
+	// ProxyPortPutWithBodyWithResponse PUT to the HTTP server of a job's port
+	//
+	// Answered by the HTTP server the lease's newest job that declares the
+	// port runs, at /PATH (the prefix up to /http is taken off and given in
+	// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+	// request reaches the job without kiln's Authorization header and
+	// kiln_ cookies. Streamed answers (server-sent events) pass as they
+	// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+	// admins are answered.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
+	ProxyPortPutWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPutResponse, error)
 
 	// ListNodesWithResponse Nodes and their devices
 	//
@@ -5967,6 +6486,386 @@ func (r ConnectPortResponse) ContentType() string {
 	return ""
 }
 
+type ProxyPortDeleteResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ProxyPortDeleteResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ProxyPortDeleteResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ProxyPortDeleteResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ProxyPortDeleteResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r ProxyPortDeleteResponse) GetJSON502() *Error {
+	return r.JSON502
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ProxyPortDeleteResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyPortDeleteResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyPortDeleteResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyPortDeleteResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyPortDeleteResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ProxyPortGetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ProxyPortGetResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ProxyPortGetResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ProxyPortGetResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ProxyPortGetResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r ProxyPortGetResponse) GetJSON502() *Error {
+	return r.JSON502
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ProxyPortGetResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyPortGetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyPortGetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyPortGetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyPortGetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ProxyPortPatchResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ProxyPortPatchResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ProxyPortPatchResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ProxyPortPatchResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ProxyPortPatchResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r ProxyPortPatchResponse) GetJSON502() *Error {
+	return r.JSON502
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ProxyPortPatchResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyPortPatchResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyPortPatchResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyPortPatchResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyPortPatchResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ProxyPortPostResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ProxyPortPostResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ProxyPortPostResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ProxyPortPostResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ProxyPortPostResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r ProxyPortPostResponse) GetJSON502() *Error {
+	return r.JSON502
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ProxyPortPostResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyPortPostResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyPortPostResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyPortPostResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyPortPostResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ProxyPortPutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ProxyPortPutResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ProxyPortPutResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ProxyPortPutResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ProxyPortPutResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r ProxyPortPutResponse) GetJSON502() *Error {
+	return r.JSON502
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ProxyPortPutResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyPortPutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyPortPutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyPortPutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyPortPutResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListNodesResponse429Headers the declared response headers of an HTTP 429 response for ListNodes
 type ListNodesResponse429Headers struct {
 	RetryAfter *int
@@ -7581,6 +8480,111 @@ func (c *ClientWithResponses) ConnectPortWithBodyWithResponse(ctx context.Contex
 		return nil, err
 	}
 	return ParseConnectPortResponse(rsp)
+}
+
+// ProxyPortDeleteWithResponse DELETE to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortDelete` operationId).
+func (c *ClientWithResponses) ProxyPortDeleteWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*ProxyPortDeleteResponse, error) {
+	rsp, err := c.ProxyPortDelete(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyPortDeleteResponse(rsp)
+}
+
+// ProxyPortGetWithResponse GET to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortGet` operationId).
+func (c *ClientWithResponses) ProxyPortGetWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, reqEditors ...RequestEditorFn) (*ProxyPortGetResponse, error) {
+	rsp, err := c.ProxyPortGet(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyPortGetResponse(rsp)
+}
+
+// ProxyPortPatchWithBodyWithResponse PATCH to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPatch` operationId).
+func (c *ClientWithResponses) ProxyPortPatchWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPatchResponse, error) {
+	rsp, err := c.ProxyPortPatchWithBody(ctx, id, port, path, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyPortPatchResponse(rsp)
+}
+
+// ProxyPortPostWithBodyWithResponse POST to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPost` operationId).
+func (c *ClientWithResponses) ProxyPortPostWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPostResponse, error) {
+	rsp, err := c.ProxyPortPostWithBody(ctx, id, port, path, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyPortPostResponse(rsp)
+}
+
+// ProxyPortPutWithBodyWithResponse PUT to the HTTP server of a job's port
+//
+// Answered by the HTTP server the lease's newest job that declares the
+// port runs, at /PATH (the prefix up to /http is taken off and given in
+// X-Forwarded-Prefix), through a tunnel as connectPort makes. The
+// request reaches the job without kiln's Authorization header and
+// kiln_ cookies. Streamed answers (server-sent events) pass as they
+// come; WebSockets pass over HTTP/1.1. Only the lease's owner and
+// admins are answered.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
+func (c *ClientWithResponses) ProxyPortPutWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPutResponse, error) {
+	rsp, err := c.ProxyPortPutWithBody(ctx, id, port, path, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyPortPutResponse(rsp)
 }
 
 // ListNodesWithResponse Nodes and their devices
@@ -9529,6 +10533,311 @@ func ParseConnectPortResponse(rsp *http.Response) (*ConnectPortResponse, error) 
 			headers.RetryAfter = &value
 		}
 		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseProxyPortDeleteResponse parses an HTTP response from a ProxyPortDeleteWithResponse call
+func ParseProxyPortDeleteResponse(rsp *http.Response) (*ProxyPortDeleteResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyPortDeleteResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseProxyPortGetResponse parses an HTTP response from a ProxyPortGetWithResponse call
+func ParseProxyPortGetResponse(rsp *http.Response) (*ProxyPortGetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyPortGetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseProxyPortPatchResponse parses an HTTP response from a ProxyPortPatchWithResponse call
+func ParseProxyPortPatchResponse(rsp *http.Response) (*ProxyPortPatchResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyPortPatchResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseProxyPortPostResponse parses an HTTP response from a ProxyPortPostWithResponse call
+func ParseProxyPortPostResponse(rsp *http.Response) (*ProxyPortPostResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyPortPostResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseProxyPortPutResponse parses an HTTP response from a ProxyPortPutWithResponse call
+func ParseProxyPortPutResponse(rsp *http.Response) (*ProxyPortPutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyPortPutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
 	}
 
 	return response, nil

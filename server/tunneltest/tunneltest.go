@@ -1,5 +1,6 @@
 // Package tunneltest is a job for tests of kiln's tunnels: a TCP echo and
-// an HTTP server (a plain page and a server-sent event stream), run by a
+// an HTTP server (a plain page, the request's headers at /headers, a
+// WebSocket echo at /ws and a server-sent event stream), run by a
 // test binary that a kiln job starts.
 package tunneltest
 
@@ -11,6 +12,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"golang.org/x/net/websocket"
 )
 
 // Env names the ports, "ECHO,HTTP", of a test binary started as the job.
@@ -48,6 +51,10 @@ func Serve() error {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s%s\n", Page, r.URL.Path)
 	})
+	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) {
+		_ = r.Header.Write(w)
+	})
+	mux.Handle("/ws", websocket.Handler(func(c *websocket.Conn) { _, _ = io.Copy(c, c) }))
 	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for _, e := range Events {
