@@ -35,7 +35,10 @@ func NewClient(base, token string, caPEM []byte, cert *tls.Certificate) (*Client
 	if cert != nil {
 		tc.Certificates = []tls.Certificate{*cert}
 	}
-	tr := &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: true}
+	tr := &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: true,
+		// Tunnels (kiln forward) carry bulk bytes: frames and windows
+		// larger than the defaults.
+		HTTP2: &http.HTTP2Config{MaxReadFrameSize: 1 << 20, MaxReceiveBufferPerStream: 4 << 20, MaxReceiveBufferPerConnection: 8 << 20}}
 	return &Client{Base: strings.TrimRight(base, "/"), Token: token, HTTP: &http.Client{Transport: tr}}, nil
 }
 

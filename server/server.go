@@ -354,7 +354,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ConnContext:       connContext,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		// Tunnels carry bulk bytes on HTTP/2 streams: larger frames and
+		// windows than the defaults (16 KiB, 1 MiB) keep them from
+		// waiting on flow control; a peer can make the server hold at most
+		// the connection's window.
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1000, MaxReadFrameSize: 1 << 20,
+			MaxReceiveBufferPerStream: 4 << 20, MaxReceiveBufferPerConnection: 8 << 20},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 	gl := newGuardListener(ln, s.cfg.MaxUnprovenConns, s.cfg.MaxConnsPerSource)
 	errc := make(chan error, 1)

@@ -82,7 +82,7 @@ const (
 	defaultTunnelIdle = 30 * time.Minute // Config.TunnelIdle
 	maxTunnelsPerJob  = 256              // open at once
 	maxPendingTunnels = 1024             // waiting for agents, server-wide
-	tunnelOrderQueue  = 64               // orders waiting to be sent to one agent
+	tunnelOrderQueue  = 256              // orders waiting to be sent to one agent
 )
 
 func newTunnelHub() *tunnelHub {
@@ -109,29 +109,37 @@ func (h *tunnelHub) detach(node string, l *agentLink) {
 	}
 }
 
-// order asks node's agent for a connection to port of job.
+// order asks node's agent for a connection to port of job; the order
+// waits for room in the agent's queue up to tunnelConnectWait.
 func (h *tunnelHub) order(node, job string, port int) (string, *pendingTunnel, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	l := h.links[node]
 	if l == nil {
+		h.mu.Unlock()
 		return "", nil, errStatus(http.StatusServiceUnavailable, "the agent of node %s has no tunnel stream open (it is restarting, or older than the server): try again shortly", node)
 	}
 	if len(h.pending) >= maxPendingTunnels {
+		h.mu.Unlock()
 		return "", nil, errStatus(http.StatusTooManyRequests, "too many connections are being opened: try again shortly")
 	}
 	if len(h.byJob[job]) >= maxTunnelsPerJob {
+		h.mu.Unlock()
 		return "", nil, errStatus(http.StatusTooManyRequests, "job %s has %d connections open, the most it may", job, maxTunnelsPerJob)
 	}
 	id := "t-" + randHex(8)
 	p := &pendingTunnel{node: node, job: job, arrived: make(chan *tunnelHalf, 1), decided: make(chan struct{})}
+	h.pending[id] = p
+	h.mu.Unlock()
+	timer := time.NewTimer(tunnelConnectWait)
+	defer timer.Stop()
 	select {
 	case l.orders <- api.TunnelOrder{ID: id, JobID: job, Port: port}:
-	default:
-		return "", nil, errStatus(http.StatusServiceUnavailable, "the agent of node %s is not taking connections fast enough: try again shortly", node)
+		return id, p, nil
+	case <-l.gone:
+	case <-timer.C:
 	}
-	h.pending[id] = p
-	return id, p, nil
+	h.forget(id)
+	return "", nil, errStatus(http.StatusServiceUnavailable, "the agent of node %s is not taking connections fast enough: try again shortly", node)
 }
 
 // take hands the pending tunnel id to the agent of node.
