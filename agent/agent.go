@@ -364,7 +364,7 @@ func (a *Agent) register(ctx context.Context) error {
 }
 
 func (a *Agent) beat(ctx context.Context) (api.HeartbeatReply, error) {
-	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond)}
+	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond), Open: a.openPorts(ctx)}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat+10*time.Second)
 	defer cancel()
 	reply, err := a.client.Heartbeat(rctx, a.node, hb)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/executor"
 )
 
 // PortDialer is a job handle whose ports are not on the node's loopback
@@ -113,16 +114,20 @@ func (a *Agent) serveTunnel(ctx context.Context, o api.TunnelOrder) {
 func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, error) {
 	a.mu.Lock()
 	j := a.jobs[jobID]
+	var h executor.Handle
+	if j != nil {
+		h = j.h
+	}
 	a.mu.Unlock()
 	switch {
-	case j == nil:
+	case j == nil || h == nil:
 		return nil, fmt.Errorf("job %s does not run on this node", jobID)
 	case !slices.Contains(j.a.Spec.Ports, port):
 		return nil, fmt.Errorf("job %s does not declare port %d", jobID, port)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if d, ok := j.h.(PortDialer); ok {
+	if d, ok := h.(PortDialer); ok {
 		return d.DialPort(dctx, port)
 	}
 	var dl net.Dialer
@@ -138,4 +143,38 @@ func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, 
 		return nil, fmt.Errorf("nothing accepts connections on port %d (%v): is the job listening yet?", port, err)
 	}
 	return conn, nil
+}
+
+// openPorts finds which declared ports of the running jobs accept
+// connections (a connection opened and closed at once).
+func (a *Agent) openPorts(ctx context.Context) map[string][]int {
+	type target struct {
+		id    string
+		ports []int
+	}
+	var jobs []target
+	a.mu.Lock()
+	for id, j := range a.jobs {
+		if len(j.a.Spec.Ports) > 0 && j.h != nil {
+			jobs = append(jobs, target{id, j.a.Spec.Ports})
+		}
+	}
+	a.mu.Unlock()
+	var out map[string][]int
+	for _, t := range jobs {
+		for _, p := range t.ports {
+			pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			c, err := a.dialJob(pctx, t.id, p)
+			cancel()
+			if err != nil {
+				continue
+			}
+			c.Close()
+			if out == nil {
+				out = map[string][]int{}
+			}
+			out[t.id] = append(out[t.id], p)
+		}
+	}
+	return out
 }

@@ -372,10 +372,20 @@ func TestTypedCalls(t *testing.T) {
 	}
 
 	for _, rt := range r.routes {
-		if !reached[rt] {
+		if !reached[rt] && !streamed(rt) {
 			t.Errorf("no typed method calls %s", rt)
 		}
 	}
+}
+
+// streamed are the routes whose bodies are full-duplex streams (HTTP/2),
+// which this recorder (HTTP/1.1, bodies read whole) cannot answer, and
+// the HTTP path to a job's port, which any HTTP client calls: server's
+// TestTunnels reaches each through the typed methods (ConnectPort,
+// TunnelOrders, AcceptTunnel, RefuseTunnel) and net/http.
+func streamed(route string) bool {
+	_, path, _ := strings.Cut(route, " ")
+	return strings.HasPrefix(path, "/v1/leases/{id}/ports/") || strings.HasPrefix(path, "/v1/agent/nodes/{node}/tunnels")
 }
 
 // idCalls are the methods that put an id in the path, with the route and

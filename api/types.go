@@ -218,10 +218,13 @@ type Lease struct {
 	// QueuePosition is 1 for the next lease to be granted; 0 when not queued.
 	QueuePosition  int        `json:"queue_position,omitempty"`
 	EstimatedStart *time.Time `json:"estimated_start,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	GrantedAt      *time.Time `json:"granted_at,omitempty"`
-	EndsAt         *time.Time `json:"ends_at,omitempty"`
-	EndedAt        *time.Time `json:"ended_at,omitempty"`
+	// Ports are the ports the lease's live jobs declared, each waiting
+	// until the agent finds it accepts connections, then open.
+	Ports     []PortState `json:"ports,omitempty"`
+	CreatedAt time.Time   `json:"created_at"`
+	GrantedAt *time.Time  `json:"granted_at,omitempty"`
+	EndsAt    *time.Time  `json:"ends_at,omitempty"`
+	EndedAt   *time.Time  `json:"ended_at,omitempty"`
 	// StopDeadline is when a stopping lease's jobs are killed.
 	StopDeadline *time.Time `json:"stop_deadline,omitempty"`
 	Jobs         []string   `json:"jobs,omitempty"`
@@ -255,6 +258,22 @@ type Task struct {
 	State    string `json:"state"`
 	ExitCode *int   `json:"exit_code,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	// OpenPorts are the declared ports the agent found accepting
+	// connections.
+	OpenPorts []int `json:"open_ports,omitempty"`
+}
+
+// States of a declared port.
+const (
+	PortWaiting = "waiting"
+	PortOpen    = "open"
+)
+
+// PortState is a port a job declared and whether it accepts connections.
+type PortState struct {
+	Job   string `json:"job"`
+	Port  int    `json:"port"`
+	State string `json:"state"`
 }
 
 // Device is one allocatable unit on a node.
@@ -484,6 +503,9 @@ type Heartbeat struct {
 	// WaitMS lets the server hold the answer until it has work, at most
 	// this long.
 	WaitMS int `json:"wait_ms,omitempty"`
+	// Open lists, for running jobs that declared ports, those that
+	// accept connections.
+	Open map[string][]int `json:"open,omitempty"`
 }
 
 // HeartbeatReply tells the agent what to start and stop.

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"slices"
 	"time"
 
 	"kiln.dev/kiln/api"
@@ -119,7 +120,7 @@ func (s *Core) Register(now time.Time, node string, req api.RegisterRequest, key
 
 // Heartbeat takes what a node's agent runs now and answers its orders;
 // register is set when the node must register first.
-func (s *Core) Heartbeat(now time.Time, node string, running []string) (reply api.HeartbeatReply, register bool, b *Changes) {
+func (s *Core) Heartbeat(now time.Time, node string, running []string, open map[string][]int) (reply api.HeartbeatReply, register bool, b *Changes) {
 	b = newChanges(now)
 	n := s.nodes[node]
 	if n == nil {
@@ -130,6 +131,7 @@ func (s *Core) Heartbeat(now time.Time, node string, running []string) (reply ap
 		return reply, true, b
 	}
 	s.reconcile(n, running, now, b)
+	s.notePorts(n, open, b)
 	if !b.Empty() {
 		s.schedule(now, b)
 	}
@@ -185,3 +187,49 @@ func (s *Core) LiveTask(node, job string) (project string, ok bool) {
 
 // LimitsOf is a project's limits, the defaults where it sets none.
 func (s *Core) LimitsOf(project string) api.Limits { return s.limitsOf(project) }
+
+// notePorts records which declared ports of the node's running tasks the
+// agent found open; ports a job did not declare are ignored.
+func (s *Core) notePorts(n *Node, open map[string][]int, b *Changes) {
+	node := n.rec.Node.ID
+	for id, js := range n.tasks {
+		if len(js.j.Spec.Ports) == 0 {
+			continue
+		}
+		t := js.task(node)
+		if t == nil || t.State != api.JobRunning {
+			continue
+		}
+		var got []int
+		for _, p := range js.j.Spec.Ports {
+			if slices.Contains(open[id], p) {
+				got = append(got, p)
+			}
+		}
+		if !slices.Equal(t.OpenPorts, got) {
+			t.OpenPorts = got
+			b.job(js.j)
+		}
+	}
+}
+
+// portStates are the declared ports of a lease's live jobs.
+func (s *Core) portStates(l *api.Lease) []api.PortState {
+	var out []api.PortState
+	for _, id := range l.Jobs {
+		js := s.jobs[id]
+		if js == nil || api.JobFinal(js.j.State) {
+			continue
+		}
+		for _, p := range js.j.Spec.Ports {
+			st := api.PortWaiting
+			for _, t := range js.j.Tasks {
+				if t.State == api.JobRunning && slices.Contains(t.OpenPorts, p) {
+					st = api.PortOpen
+				}
+			}
+			out = append(out, api.PortState{Job: id, Port: p, State: st})
+		}
+	}
+	return out
+}

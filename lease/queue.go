@@ -832,6 +832,10 @@ func (s *Core) estimates(now time.Time) map[string]time.Time {
 
 // decorate fills a queued lease's position and estimated start.
 func (s *Core) decorate(l *api.Lease, now time.Time) {
+	l.Ports = nil
+	if l.State == api.LeaseGranted {
+		l.Ports = s.portStates(l)
+	}
 	if l.State != api.LeaseQueued {
 		l.QueuePosition, l.EstimatedStart = 0, nil
 		return

@@ -420,6 +420,14 @@ func parseHeartbeat(b []byte) (api.Heartbeat, error) {
 	if len(h.Running) > 100000 || h.WaitMS < 0 || h.WaitMS > 600000 {
 		return h, errors.New("running: at most 100000 jobs; wait_ms: 0 to 600000")
 	}
+	if len(h.Open) > len(h.Running) {
+		return h, errors.New("open: ports of running jobs only")
+	}
+	for job, ports := range h.Open {
+		if err := checkPorts(ports); err != nil {
+			return h, fmt.Errorf("open %s: %w", trunc(job), err)
+		}
+	}
 	return h, nil
 }
 

@@ -68,16 +68,32 @@ func TestTunnels(t *testing.T) {
 	bob := c.user("bob", "default")
 	c.project("other", 1)
 	carol := c.user("carol", "other")
-	echoPort, httpPort := tcpPort(t), tcpPort(t)
+	echoPort, httpPort, silentPort := tcpPort(t), tcpPort(t), tcpPort(t)
 	ctx := context.Background()
 	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{
 		Command: []string{os.Args[0], "-test.run=^TestHelperPortServer$"},
 		Env:     map[string]string{tunneltest.Env: fmt.Sprintf("%d,%d", echoPort, httpPort)},
-		Ports:   []int{echoPort, httpPort}}})
+		Ports:   []int{echoPort, httpPort, silentPort}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := connectWhenUp(t, alice, l.ID, echoPort)
+	// The lease lists its job's ports: the two the job listens on open
+	// (once the agent has looked), the third waiting.
+	want := fmt.Sprintf("%d:open %d:open %d:waiting", echoPort, httpPort, silentPort)
+	waitLease(t, alice, l.ID, 10*time.Second, func(l *api.Lease) bool {
+		var got []string
+		for _, p := range l.Ports {
+			got = append(got, fmt.Sprintf("%d:%s", p.Port, p.State))
+		}
+		return strings.Join(got, " ") == want
+	})
+	if s, err := alice.ConnectPort(ctx, l.ID, silentPort, "", 0); err == nil || api.StatusOf(err) != http.StatusBadGateway {
+		if s != nil {
+			s.Close()
+		}
+		t.Errorf("a declared port nothing listens on: %v, want 502", err)
+	}
 
 	// 32 MiB each way at once, compared by hash.
 	const size = 32 << 20

@@ -133,6 +133,7 @@ type taskRow struct {
 	State    string `json:"state"`
 	ExitCode *int   `json:"exit_code,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	Open     []int  `json:"open_ports,omitempty"`
 }
 
 // nodeRow is a NodeRecord (nodes.data).
@@ -450,11 +451,11 @@ func jobFromRow(r jobRow) *api.Job {
 }
 
 func taskToRow(t api.Task) taskRow {
-	return taskRow{Node: t.Node, Rank: t.Rank, State: t.State, ExitCode: t.ExitCode, Reason: t.Reason}
+	return taskRow{Node: t.Node, Rank: t.Rank, State: t.State, ExitCode: t.ExitCode, Reason: t.Reason, Open: t.OpenPorts}
 }
 
 func taskFromRow(r taskRow) api.Task {
-	return api.Task{Node: r.Node, Rank: r.Rank, State: r.State, ExitCode: r.ExitCode, Reason: r.Reason}
+	return api.Task{Node: r.Node, Rank: r.Rank, State: r.State, ExitCode: r.ExitCode, Reason: r.Reason, OpenPorts: r.Open}
 }
 
 func nodeToRow(n NodeRecord) nodeRow {

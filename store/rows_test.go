@@ -132,7 +132,7 @@ func TestRowsRoundTrip(t *testing.T) {
 		s, in := writeFilled(t, f)
 		// Derived, not stored.
 		wantLease := *in.lease
-		wantLease.QueuePosition, wantLease.EstimatedStart = 0, nil
+		wantLease.QueuePosition, wantLease.EstimatedStart, wantLease.Ports = 0, nil, nil
 		err := s.View(context.Background(), func(tx *Tx) error {
 			l, err := tx.Lease(in.lease.ID)
 			if err != nil {
@@ -225,7 +225,7 @@ var goldenKeys = map[string][]string{
 		"request.constraints.min_memory_bytes", "request.constraints.model", "request.constraints.nodes",
 		"request.constraints.same_numa", "request.constraints.same_nvlink_island", "request.constraints.vendor",
 		"request.fraction", "request.gpus", "request.job", "request.job.command", "request.job.env",
-		"request.job.env.<key0>", "request.job.env.<key1>", "request.job.image", "request.job.workdir",
+		"request.job.env.<key0>", "request.job.env.<key1>", "request.job.image", "request.job.ports", "request.job.workdir",
 		"request.memory_bytes", "request.mig", "request.name", "request.preemptible", "request.priority",
 		"request.project", "request.require", "request.resources", "request.resources.cpu_milli",
 		"request.resources.memory_bytes", "request.time_limit_s",
@@ -233,9 +233,9 @@ var goldenKeys = map[string][]string{
 	},
 	"jobs.data": {
 		"created_at", "exit_code", "finished_at", "id", "lease_id", "project", "reason",
-		"spec", "spec.command", "spec.env", "spec.env.<key0>", "spec.env.<key1>", "spec.image", "spec.workdir",
+		"spec", "spec.command", "spec.env", "spec.env.<key0>", "spec.env.<key1>", "spec.image", "spec.ports", "spec.workdir",
 		"started_at", "state",
-		"tasks", "tasks[].exit_code", "tasks[].node", "tasks[].rank", "tasks[].reason", "tasks[].state",
+		"tasks", "tasks[].exit_code", "tasks[].node", "tasks[].open_ports", "tasks[].rank", "tasks[].reason", "tasks[].state",
 	},
 	"nodes.data": {
 		"cert_sha256", "key_sha256",

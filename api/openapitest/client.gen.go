@@ -95,6 +95,24 @@ func (e JobState) Valid() bool {
 	}
 }
 
+// Defines values for LeasePortsState.
+const (
+	Open    LeasePortsState = "open"
+	Waiting LeasePortsState = "waiting"
+)
+
+// Valid indicates whether the value is a known member of the LeasePortsState enum.
+func (e LeasePortsState) Valid() bool {
+	switch e {
+	case Open:
+		return true
+	case Waiting:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for LeaseState.
 const (
 	LeaseStateCancelled LeaseState = "cancelled"
@@ -386,6 +404,9 @@ type Finding struct {
 
 // Heartbeat defines model for Heartbeat.
 type Heartbeat struct {
+	// Open for running jobs that declared ports, those that accept connections
+	Open *map[string][]int `json:"open,omitempty"`
+
 	// Running the jobs the agent runs now
 	Running *[]string `json:"running,omitempty"`
 
@@ -512,7 +533,14 @@ type Lease struct {
 	// Isolation the weakest isolation among the lease's devices
 	Isolation *Isolation `json:"isolation,omitempty"`
 	Jobs      *[]string  `json:"jobs,omitempty"`
-	Project   string     `json:"project"`
+
+	// Ports the ports the lease's live jobs declared, waiting until they accept connections, then open
+	Ports *[]struct {
+		Job   string          `json:"job"`
+		Port  int             `json:"port"`
+		State LeasePortsState `json:"state"`
+	} `json:"ports,omitempty"`
+	Project string `json:"project"`
 
 	// QueuePosition 1 for the next lease to be granted; absent when not queued
 	QueuePosition *int `json:"queue_position,omitempty"`
@@ -531,6 +559,9 @@ type Lease struct {
 	StopDeadline *time.Time `json:"stop_deadline,omitempty"`
 	User         string     `json:"user"`
 }
+
+// LeasePortsState defines model for Lease.Ports.State.
+type LeasePortsState string
 
 // LeaseList defines model for LeaseList.
 type LeaseList struct {
@@ -744,10 +775,13 @@ type StopOrder struct {
 
 // Task a job's part on one node (a gang job has one per node)
 type Task struct {
-	ExitCode *int    `json:"exit_code,omitempty"`
-	Node     string  `json:"node"`
-	Rank     int     `json:"rank"`
-	Reason   *string `json:"reason,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Node     string `json:"node"`
+
+	// OpenPorts the declared ports the agent found accepting connections
+	OpenPorts *[]int  `json:"open_ports,omitempty"`
+	Rank      int     `json:"rank"`
+	Reason    *string `json:"reason,omitempty"`
 
 	// State pending, assigned and running are live; the others are final
 	State JobState `json:"state"`

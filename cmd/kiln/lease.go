@@ -231,6 +231,9 @@ func writeLeaseText(w io.Writer, l *api.Lease) {
 			fmt.Fprintln(w)
 		}
 	}
+	for _, p := range l.Ports {
+		fmt.Fprintf(w, "  port %d of job %s: %s (kiln forward %s %d)\n", p.Port, printable(p.Job), printable(p.State), printable(l.ID), p.Port)
+	}
 	if l.EndsAt != nil && l.State == api.LeaseGranted {
 		fmt.Fprintf(w, "  ends %s\n", l.EndsAt.Local().Format(time.RFC3339))
 	}
