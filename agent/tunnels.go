@@ -24,6 +24,13 @@ type PortDialer interface {
 	DialPort(ctx context.Context, port int) (net.Conn, error)
 }
 
+// PortOwner is a job handle that can tell whether the process listening
+// on a port of the node is the job's (jobs that share the node's network
+// namespace): the agent connects only then.
+type PortOwner interface {
+	CheckPort(port int) error
+}
+
 // maxOrderLine bounds one line of the server's order stream.
 const maxOrderLine = 4096
 
@@ -129,6 +136,16 @@ func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, 
 	defer cancel()
 	if d, ok := h.(PortDialer); ok {
 		return d.DialPort(dctx, port)
+	}
+	// On the node's loopback, which jobs share, the port must be the
+	// job's; a job whose executor cannot tell (a Pod, elsewhere) is not
+	// reached there at all.
+	o, ok := h.(PortOwner)
+	if !ok {
+		return nil, fmt.Errorf("the jobs of this node's executor cannot be reached through kiln yet")
+	}
+	if err := o.CheckPort(port); err != nil {
+		return nil, fmt.Errorf("port %d: %w", port, err)
 	}
 	var dl net.Dialer
 	conn, err := dl.DialContext(dctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))

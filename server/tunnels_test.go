@@ -236,6 +236,34 @@ func TestTunnels(t *testing.T) {
 		t.Errorf("an admin reaches a lease's ports: %v", err)
 	}
 
+	// Another tenant's job on the same node declares alice's port: the
+	// agent sees that the process listening there is not that job's and
+	// refuses, so carol does not reach alice's server through her own
+	// lease.
+	cl, err := carol.CreateLease(ctx, api.LeaseRequest{Project: "other", GPUs: 1, Job: &api.JobSpec{
+		Command: []string{"sleep", "60"}, Ports: []int{echoPort}}})
+	if err != nil || cl.State != api.LeaseGranted {
+		t.Fatalf("carol's lease: %v %+v", err, cl)
+	}
+	waitLease(t, carol, cl.ID, 10*time.Second, func(l *api.Lease) bool { return len(l.Ports) == 1 })
+	var last error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		s, err := carol.ConnectPort(ctx, cl.ID, echoPort, "", 0)
+		if err == nil {
+			s.Close()
+			t.Fatal("carol reached alice's port through a lease of her own")
+		}
+		if last = err; api.StatusOf(err) == http.StatusBadGateway {
+			break
+		}
+	}
+	if api.StatusOf(last) != http.StatusBadGateway || !strings.Contains(last.Error(), "not the job's") {
+		t.Errorf("carol's own lease declaring alice's port: %v, want 502 (not the job's)", last)
+	}
+	if l, _ := carol.GetLease(ctx, cl.ID, api.LeaseWait{}); l == nil || len(l.Ports) != 1 || l.Ports[0].State != api.PortWaiting {
+		t.Errorf("carol's lease shows alice's port as %+v, want waiting", l)
+	}
+
 	// The lease's end closes the tunnel it carries.
 	open := connectWhenUp(t, alice, l.ID, echoPort)
 	if _, err := open.Write([]byte("ping")); err != nil {

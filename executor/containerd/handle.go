@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"kiln.dev/kiln/executor/process"
 	"os"
 	"sync"
 	"syscall"
@@ -147,3 +148,10 @@ func (r *follower) Close() error {
 type errReader struct{ err error }
 
 func (r *errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// CheckPort implements agent.PortOwner: the process listening on port of
+// the node's loopback is the container's (it runs in the host's network
+// namespace unless the executor isolates it).
+func (h *handle) CheckPort(port int) error {
+	return process.CheckListener(int(h.task.Pid()), port)
+}
