@@ -536,3 +536,13 @@ func (c *Client) RefuseTunnel(ctx context.Context, node, id, why string) error {
 	}
 	return resp.Body.Close()
 }
+
+// BrowserLink makes a link that opens the HTTP path to a port of the
+// lease's job in a browser (one visit, within minutes).
+func (c *Client) BrowserLink(ctx context.Context, leaseID string, port int) (*BrowserLink, error) {
+	var out BrowserLink
+	if err := c.call(ctx, "POST", nil, nil, &out, "/v1/leases/{lease id}/ports/{port}/browser", leaseID, strconv.Itoa(port)); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

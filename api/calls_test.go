@@ -206,6 +206,10 @@ func callCases() []callCase {
 		},
 			route: "POST /v1/leases/{id}/jobs", values: map[string]string{"id": "l-1"}, body: `{"command":["nvidia-smi"],"env":{"A":"1"}}`,
 			status: 201, answer: mustJSON(job), want: job},
+		{name: "BrowserLink", call: func(ctx context.Context, c *Client) (any, error) { return c.BrowserLink(ctx, "l-1", 8888) },
+			route: "POST /v1/leases/{id}/ports/{port}/browser", values: map[string]string{"id": "l-1", "port": "8888"}, status: 201,
+			answer: `{"url":"https://s/v1/leases/l-1/ports/8888/http/?kiln_code=c","expires":"2026-01-02T03:04:05Z"}`,
+			want:   &BrowserLink{URL: "https://s/v1/leases/l-1/ports/8888/http/?kiln_code=c", Expires: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}},
 		{name: "GetJob", call: func(ctx context.Context, c *Client) (any, error) { return c.GetJob(ctx, "j-1") },
 			route: "GET /v1/jobs/{id}", values: map[string]string{"id": "j-1"}, answer: mustJSON(job), want: job},
 		{name: "JobLogs", call: func(ctx context.Context, c *Client) (any, error) { return readAll(c.JobLogs(ctx, "j-1", false)) },
@@ -385,7 +389,7 @@ func TestTypedCalls(t *testing.T) {
 // TunnelOrders, AcceptTunnel, RefuseTunnel) and net/http.
 func streamed(route string) bool {
 	_, path, _ := strings.Cut(route, " ")
-	return strings.HasPrefix(path, "/v1/leases/{id}/ports/") || strings.HasPrefix(path, "/v1/agent/nodes/{node}/tunnels")
+	return (strings.HasPrefix(path, "/v1/leases/{id}/ports/") && !strings.HasSuffix(path, "/browser")) || strings.HasPrefix(path, "/v1/agent/nodes/{node}/tunnels")
 }
 
 // idCalls are the methods that put an id in the path, with the route and

@@ -542,6 +542,14 @@ type StopOrder struct {
 	Notice string `json:"notice,omitempty"`
 }
 
+// BrowserLink opens the HTTP path to a job's port in a browser: the URL
+// holds a one-time code, good until Expires, that the first visit trades
+// for a session cookie.
+type BrowserLink struct {
+	URL     string    `json:"url"`
+	Expires time.Time `json:"expires"`
+}
+
 // TunnelOrder asks an agent to connect to a port of one of its jobs for a
 // user; the agent carries the connection on POST
 // /v1/agent/nodes/{node}/tunnels/{id}, or says there why it could not.

@@ -80,6 +80,7 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"PATCH", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"DELETE", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
+		{"POST", "/v1/leases/{id}/ports/{port}/browser", authUser, s.browserLink},
 		{"GET", "/v1/agent/nodes/{node}/tunnels", authAgent, s.tunnelOrders},
 		{"POST", "/v1/agent/nodes/{node}/tunnels/{tid}", authAgent, s.tunnelAccept},
 	}
@@ -124,7 +125,22 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) guard(rt route) http.HandlerFunc {
 	limit := bodyLimit(rt)
 	stream := streamRoutes[rt.path]
+	proxied := rt.h != nil && strings.Contains(rt.path, "/http/{path...}")
 	return func(w http.ResponseWriter, r *http.Request) {
+		if proxied && r.Header.Get("Authorization") == "" {
+			// A browser: a one-time code to trade, or a session cookie.
+			if code := r.URL.Query().Get(portCodeParam); code != "" && r.Method == http.MethodGet {
+				if s.limited(w, r) {
+					return
+				}
+				s.tradePortCode(w, r, code)
+				return
+			}
+			if c := s.browserCaller(r); c != nil {
+				rt.h(w, r.WithContext(withCaller(r, c)))
+				return
+			}
+		}
 		switch rt.auth {
 		case authNone, authJoin:
 			if s.limited(w, r) || !s.readBodyFirst(w, r, limit) {

@@ -165,9 +165,10 @@ type Server struct {
 	logs   *logHub
 	// tunnels carry users' connections to their jobs' ports; closing is
 	// closed when the server stops, which ends them.
-	tunnels   *tunnelHub
-	closing   chan struct{}
-	closeOnce sync.Once
+	tunnels      *tunnelHub
+	portSessions *portSessions
+	closing      chan struct{}
+	closeOnce    sync.Once
 
 	mu     sync.Mutex
 	broken error
@@ -282,15 +283,16 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, st: st, ca: ca, cert: cert, log: cfg.Logger,
-		unauth:  newRateLimiter(cfg.UnauthRate, cfg.UnauthBurst),
-		logs:    newLogHub(filepath.Join(cfg.DataDir, "logs")),
-		tunnels: newTunnelHub(),
-		closing: make(chan struct{}),
-		agents:  map[string]*agentInfo{},
-		users:   map[string]*userInfo{},
-		byName:  map[string]*userInfo{},
-		tokens:  map[string]*tokenInfo{},
-		changed: make(chan struct{}),
+		unauth:       newRateLimiter(cfg.UnauthRate, cfg.UnauthBurst),
+		logs:         newLogHub(filepath.Join(cfg.DataDir, "logs")),
+		tunnels:      newTunnelHub(),
+		portSessions: newPortSessions(),
+		closing:      make(chan struct{}),
+		agents:       map[string]*agentInfo{},
+		users:        map[string]*userInfo{},
+		byName:       map[string]*userInfo{},
+		tokens:       map[string]*tokenInfo{},
+		changed:      make(chan struct{}),
 	}
 	lc := cfg.leaseConfig()
 	lc.NewID, lc.Runner = newID, agentRunner{s}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"os"
 	"strconv"
 	"strings"
@@ -188,6 +189,50 @@ func TestTunnels(t *testing.T) {
 	if code, _ := get(carol, "/hello"); code != http.StatusNotFound {
 		t.Errorf("carol through the HTTP path: %d, want 404", code)
 	}
+	// A browser: a one-time link traded for a cookie of that path alone.
+	link, err := alice.BrowserLink(ctx, l.ID, httpPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jar, _ := cookiejar.New(nil)
+	tr := alice.HTTP.Transport.(*http.Transport).Clone()
+	browser := &http.Client{Transport: tr, Jar: jar}
+	resp, err = browser.Get(link.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), tunneltest.Page+"/") || strings.Contains(resp.Request.URL.RawQuery, "kiln_code") {
+		t.Errorf("the browser link: %d %q at %s", resp.StatusCode, body, resp.Request.URL)
+	}
+	resp, err = browser.Get(base + "/headers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.Contains(string(body), "kiln_port_session") || strings.Contains(string(body), "Authorization") {
+		t.Errorf("the browser's session through the HTTP path: %d\n%s", resp.StatusCode, body)
+	}
+	fresh := &http.Client{Transport: tr}
+	if resp, err := fresh.Get(link.URL); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("the link used a second time: %v %v, want 401", resp.Status, err)
+	}
+	// The cookie is for that path: another port of the lease is refused.
+	sess := jar.Cookies(resp.Request.URL)
+	if len(sess) != 1 {
+		t.Fatalf("cookies of the path: %v", sess)
+	}
+	req, _ := http.NewRequest("GET", fmt.Sprintf("%s/v1/leases/%s/ports/%d/http/", c.url, l.ID, echoPort), nil)
+	req.AddCookie(sess[0])
+	if resp, err := fresh.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("the session cookie on another port's path: %v %v, want 401", resp.Status, err)
+	}
+	if _, err := bob.BrowserLink(ctx, l.ID, httpPort); api.StatusOf(err) != http.StatusForbidden {
+		t.Errorf("bob asks for a browser link to alice's lease: %v, want 403", err)
+	}
+
 	// A WebSocket (HTTP/1.1 upgrade) through the HTTP path.
 	wsURL := strings.Replace(base, "https://", "wss://", 1) + "/ws"
 	wcfg, err := websocket.NewConfig(wsURL, c.url)

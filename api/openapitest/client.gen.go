@@ -1293,6 +1293,17 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/leases/{id}/jobs (the `AddJob` operationId).
 	AddJob(ctx context.Context, id LeaseID, body AddJobJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// BrowserLink A link that opens the HTTP path to a job's port in a browser
+	//
+	// The link holds a one-time code, good for two minutes; the first visit
+	// trades it for a session cookie scoped to the port's HTTP path
+	// (HttpOnly, Secure, SameSite=Strict, eight hours) and is sent on
+	// without the code. Requests with the cookie are checked as requests
+	// with a token are; the cookie never reaches the job.
+	//
+	// Corresponds with POST /v1/leases/{id}/ports/{port}/browser (the `BrowserLink` operationId).
+	BrowserLink(ctx context.Context, id LeaseID, port Port, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ConnectPortWithBody Open a TCP connection to a port of a job in the lease
 	//
 	// A full-duplex stream (HTTP/2): the request body is what the caller
@@ -1987,6 +1998,27 @@ func (c *Client) AddJobWithBody(ctx context.Context, id LeaseID, contentType str
 // Corresponds with POST /v1/leases/{id}/jobs (the `AddJob` operationId).
 func (c *Client) AddJob(ctx context.Context, id LeaseID, body AddJobJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewAddJobRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// BrowserLink A link that opens the HTTP path to a job's port in a browser
+//
+// The link holds a one-time code, good for two minutes; the first visit
+// trades it for a session cookie scoped to the port's HTTP path
+// (HttpOnly, Secure, SameSite=Strict, eight hours) and is sent on
+// without the code. Requests with the cookie are checked as requests
+// with a token are; the cookie never reaches the job.
+//
+// Corresponds with POST /v1/leases/{id}/ports/{port}/browser (the `BrowserLink` operationId).
+func (c *Client) BrowserLink(ctx context.Context, id LeaseID, port Port, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewBrowserLinkRequest(c.Server, id, port)
 	if err != nil {
 		return nil, err
 	}
@@ -3327,6 +3359,47 @@ func NewAddJobRequestWithBody(server string, id LeaseID, contentType string, bod
 	return req, nil
 }
 
+// NewBrowserLinkRequest constructs an http.Request for the BrowserLink method
+func NewBrowserLinkRequest(server string, id LeaseID, port Port) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/ports/%s/browser", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewConnectPortRequestWithBody constructs an http.Request for the ConnectPort method, with any body, and a specified content type
 func NewConnectPortRequestWithBody(server string, id LeaseID, port int, params *ConnectPortParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
@@ -4386,6 +4459,19 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/leases/{id}/jobs (the `AddJob` operationId).
 	AddJobWithResponse(ctx context.Context, id LeaseID, body AddJobJSONRequestBody, reqEditors ...RequestEditorFn) (*AddJobResponse, error)
+
+	// BrowserLinkWithResponse A link that opens the HTTP path to a job's port in a browser
+	//
+	// The link holds a one-time code, good for two minutes; the first visit
+	// trades it for a session cookie scoped to the port's HTTP path
+	// (HttpOnly, Secure, SameSite=Strict, eight hours) and is sent on
+	// without the code. Requests with the cookie are checked as requests
+	// with a token are; the cookie never reaches the job.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/leases/{id}/ports/{port}/browser (the `BrowserLink` operationId).
+	BrowserLinkWithResponse(ctx context.Context, id LeaseID, port Port, reqEditors ...RequestEditorFn) (*BrowserLinkResponse, error)
 
 	// ConnectPortWithBodyWithResponse Open a TCP connection to a port of a job in the lease
 	//
@@ -6396,6 +6482,102 @@ func (r AddJobResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r AddJobResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// BrowserLinkResponse429Headers the declared response headers of an HTTP 429 response for BrowserLink
+type BrowserLinkResponse429Headers struct {
+	RetryAfter *int
+}
+
+type BrowserLinkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *struct {
+		Expires time.Time `json:"expires"`
+		URL     string    `json:"url"`
+	}
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *BrowserLinkResponse429Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r BrowserLinkResponse) GetJSON201() *struct {
+	Expires time.Time `json:"expires"`
+	URL     string    `json:"url"`
+} {
+	return r.JSON201
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r BrowserLinkResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r BrowserLinkResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r BrowserLinkResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r BrowserLinkResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r BrowserLinkResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r BrowserLinkResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r BrowserLinkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r BrowserLinkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r BrowserLinkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r BrowserLinkResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8493,6 +8675,25 @@ func (c *ClientWithResponses) AddJobWithResponse(ctx context.Context, id LeaseID
 	return ParseAddJobResponse(rsp)
 }
 
+// BrowserLinkWithResponse A link that opens the HTTP path to a job's port in a browser
+//
+// The link holds a one-time code, good for two minutes; the first visit
+// trades it for a session cookie scoped to the port's HTTP path
+// (HttpOnly, Secure, SameSite=Strict, eight hours) and is sent on
+// without the code. Requests with the cookie are checked as requests
+// with a token are; the cookie never reaches the job.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/leases/{id}/ports/{port}/browser (the `BrowserLink` operationId).
+func (c *ClientWithResponses) BrowserLinkWithResponse(ctx context.Context, id LeaseID, port Port, reqEditors ...RequestEditorFn) (*BrowserLinkResponse, error) {
+	rsp, err := c.BrowserLink(ctx, id, port, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseBrowserLinkResponse(rsp)
+}
+
 // ConnectPortWithBodyWithResponse Open a TCP connection to a port of a job in the lease
 //
 // A full-duplex stream (HTTP/2): the request body is what the caller
@@ -10447,6 +10648,90 @@ func ParseAddJobResponse(rsp *http.Response) (*AddJobResponse, error) {
 	switch {
 	case rsp.StatusCode == 429:
 		var headers AddJobResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseBrowserLinkResponse parses an HTTP response from a BrowserLinkWithResponse call
+func ParseBrowserLinkResponse(rsp *http.Response) (*BrowserLinkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &BrowserLinkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest struct {
+			Expires time.Time `json:"expires"`
+			URL     string    `json:"url"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers BrowserLinkResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -22,6 +22,7 @@ func newForwardCmd() *cobra.Command {
 	var cf clientFlags
 	var address, job string
 	var rank int
+	var browser bool
 	cmd := &cobra.Command{
 		Use:   "forward LEASE PORT [LOCAL_PORT]",
 		Short: "Reach a port a job listens on from this machine, through the server",
@@ -34,10 +35,16 @@ Any TCP protocol passes: HTTP, WebSockets, gRPC, a database, ssh.
 The job must declare the port ('kiln run --port 8000'); the newest job of the
 lease that declares it is reached, or --job. Only the lease's owner and
 admins may forward its ports. kiln forward ends when the lease ends; a
-connection idle for the server's idle time (30 minutes) is closed.`,
+connection idle for the server's idle time (30 minutes) is closed.
+
+With --browser, kiln forward prints a link instead, to the server's HTTP path
+for the port (https://SERVER/v1/leases/LEASE/ports/PORT/http/): opened once in a
+browser within two minutes, it leaves a session cookie for that path alone.
+The app sees the path prefix in X-Forwarded-Prefix.`,
 		Example: `  kiln run --gpus 1 --port 8000 -d --image vllm/vllm-openai -- --model /models/llama
   kiln forward l-1a2b3c 8000              # then: curl localhost:8000/v1/models
-  kiln forward l-1a2b3c 8888 9999         # Jupyter on port 8888 at localhost:9999`,
+  kiln forward l-1a2b3c 8888 9999         # Jupyter on port 8888 at localhost:9999
+  kiln forward --browser l-1a2b3c 6006    # TensorBoard in a browser, through https://SERVER/...`,
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			port, err := portArg("PORT", args[1])
@@ -57,6 +64,15 @@ connection idle for the server's idle time (30 minutes) is closed.`,
 				return err
 			}
 			ctx := cmd.Context()
+			if browser {
+				link, err := c.BrowserLink(ctx, args[0], port)
+				if err != nil {
+					return apiErr(err)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), link.URL)
+				fmt.Fprintf(cmd.ErrOrStderr(), "kiln: open this link in a browser before %s; it works once, then the browser keeps a session for 8 hours\n", link.Expires.Local().Format(time.Kitchen))
+				return nil
+			}
 			l, err := c.GetLease(ctx, args[0], api.LeaseWait{})
 			if err != nil {
 				return apiErr(err)
@@ -74,6 +90,7 @@ connection idle for the server's idle time (30 minutes) is closed.`,
 	cmd.Flags().StringVar(&address, "address", "127.0.0.1", "local address to listen on (0.0.0.0 lets other machines use the forward)")
 	cmd.Flags().StringVar(&job, "job", "", "the job to reach (default the lease's newest that declares the port)")
 	cmd.Flags().IntVar(&rank, "rank", 0, "the task of a gang job to reach")
+	cmd.Flags().BoolVar(&browser, "browser", false, "print a link that opens the port's HTTP server in a browser, through the server (no local listener)")
 	return cmd
 }
 
