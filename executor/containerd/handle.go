@@ -26,6 +26,7 @@ type handle struct {
 	poll    time.Duration
 	task    client.Task
 	done    chan struct{}
+	owned   process.Owned // its listeners found so far (CheckPort)
 
 	mu       sync.Mutex
 	stopping bool
@@ -153,5 +154,5 @@ func (r *errReader) Read([]byte) (int, error) { return 0, r.err }
 // the node's loopback is the container's (it runs in the host's network
 // namespace unless the executor isolates it).
 func (h *handle) CheckPort(port int) error {
-	return process.CheckListener(int(h.task.Pid()), port)
+	return h.owned.CheckListener(int(h.task.Pid()), port)
 }

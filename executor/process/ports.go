@@ -8,8 +8,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Jobs share the node's network namespace, so a port on loopback may be
@@ -29,14 +31,65 @@ func (h *handle) CheckPort(port int) error {
 	if h.cmd.Process == nil {
 		return errors.New("the job has no process")
 	}
-	return checkPort("/proc", h.cmd.Process.Pid, port)
+	return h.owned.check("/proc", h.cmd.Process.Pid, port)
+}
+
+// Owned remembers the listening sockets found to be a job's, so that
+// each connection to a port reads /proc/net/tcp but not every process's
+// descriptors: a socket's inode stays its own while it is open.
+type Owned struct {
+	mu    sync.Mutex
+	known map[int]uint64 // port -> inode of the job's listener
 }
 
 // CheckListener is CheckPort for a job whose processes are root and its
 // descendants (a container's init, for the containerd executor).
-func CheckListener(root, port int) error { return checkPort("/proc", root, port) }
+func (o *Owned) CheckListener(root, port int) error { return o.check("/proc", root, port) }
+
+func (o *Owned) check(proc string, root, port int) error {
+	listening, err := listeners(proc, port)
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	in, ok := o.known[port]
+	o.mu.Unlock()
+	if ok && slices.Contains(listening, in) {
+		return nil
+	}
+	mine := socketInodes(proc, descendants(proc, root))
+	for _, in := range listening {
+		if mine[in] {
+			o.mu.Lock()
+			if o.known == nil {
+				o.known = map[int]uint64{}
+			}
+			o.known[port] = in
+			o.mu.Unlock()
+			return nil
+		}
+	}
+	return ErrNotTheJobs
+}
 
 func checkPort(proc string, root, port int) error {
+	var o Owned
+	return o.check(proc, root, port)
+}
+
+// listeners are the inodes of the sockets listening on port where the
+// agent connects.
+func listeners(proc string, port int) ([]uint64, error) {
+	if proc == "/proc" {
+		// The kernel's answer is quick; /proc/net/tcp is read when
+		// sock_diag is not there (a kernel without it, a seccomp filter).
+		if inodes, err := diagListeners(port); err == nil {
+			if len(inodes) == 0 {
+				return nil, fmt.Errorf("nothing listens on port %d", port)
+			}
+			return inodes, nil
+		}
+	}
 	var listening []uint64
 	for _, f := range []string{"net/tcp", "net/tcp6"} {
 		b, err := readBounded(filepath.Join(proc, f), maxProcNetBytes)
@@ -44,24 +97,18 @@ func checkPort(proc string, root, port int) error {
 			if errors.Is(err, os.ErrNotExist) {
 				continue
 			}
-			return err
+			return nil, err
 		}
 		inodes, err := parseListeners(b, port)
 		if err != nil {
-			return fmt.Errorf("%s: %w", f, err)
+			return nil, fmt.Errorf("%s: %w", f, err)
 		}
 		listening = append(listening, inodes...)
 	}
 	if len(listening) == 0 {
-		return fmt.Errorf("nothing listens on port %d", port)
+		return nil, fmt.Errorf("nothing listens on port %d", port)
 	}
-	mine := socketInodes(proc, descendants(proc, root))
-	for _, in := range listening {
-		if mine[in] {
-			return nil
-		}
-	}
-	return ErrNotTheJobs
+	return listening, nil
 }
 
 func readBounded(path string, limit int64) ([]byte, error) {

@@ -75,3 +75,35 @@ func TestCheckPortOnThisMachine(t *testing.T) {
 		t.Errorf("a port nothing listens on: %v", err)
 	}
 }
+
+// The kernel's sock_diag answer and /proc/net/tcp agree on a listener.
+func TestDiagListenersAgreeWithProc(t *testing.T) {
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Skip("no /proc/net/tcp")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	if b, err = os.ReadFile("/proc/net/tcp"); err != nil {
+		t.Fatal(err)
+	}
+	want, err := parseListeners(b, port)
+	if err != nil || len(want) != 1 {
+		t.Fatalf("/proc/net/tcp: %v %v", want, err)
+	}
+	got, err := diagListeners(port)
+	if err != nil {
+		t.Skip("no sock_diag here:", err)
+	}
+	if len(got) != 1 || got[0] != want[0] {
+		t.Errorf("sock_diag says %v, /proc/net/tcp %v", got, want)
+	}
+	// A port bound elsewhere than loopback is not one the agent reaches.
+	if other, err := diagListeners(port + 1); err == nil && len(other) != 0 {
+		t.Logf("port %d has listeners %v (another program)", port+1, other)
+	}
+}

@@ -199,6 +199,7 @@ type handle struct {
 	status  *initStatus
 	jobPID  int
 	cleanup func()
+	owned   Owned // its listeners found so far (CheckPort)
 
 	mu      sync.Mutex
 	exit    executor.Exit
