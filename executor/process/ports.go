@@ -72,11 +72,6 @@ func (o *Owned) check(proc string, root, port int) error {
 	return ErrNotTheJobs
 }
 
-func checkPort(proc string, root, port int) error {
-	var o Owned
-	return o.check(proc, root, port)
-}
-
 // listeners are the inodes of the sockets listening on port where the
 // agent connects.
 func listeners(proc string, port int) ([]uint64, error) {

@@ -59,7 +59,7 @@ func TestCheckPortOnThisMachine(t *testing.T) {
 	}
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
-	if err := checkPort("/proc", os.Getpid(), port); err != nil {
+	if err := (&Owned{}).check("/proc", os.Getpid(), port); err != nil {
 		t.Errorf("this process's own port: %v", err)
 	}
 	other := exec.Command("sleep", "30")
@@ -67,19 +67,18 @@ func TestCheckPortOnThisMachine(t *testing.T) {
 		t.Skip("no sleep:", err)
 	}
 	defer func() { other.Process.Kill(); other.Wait() }()
-	if err := checkPort("/proc", other.Process.Pid, port); !errors.Is(err, ErrNotTheJobs) {
+	if err := (&Owned{}).check("/proc", other.Process.Pid, port); !errors.Is(err, ErrNotTheJobs) {
 		t.Errorf("another process's port, as seen for a job rooted at sleep: %v, want ErrNotTheJobs", err)
 	}
 	ln.Close()
-	if err := checkPort("/proc", os.Getpid(), port); err == nil || errors.Is(err, ErrNotTheJobs) {
+	if err := (&Owned{}).check("/proc", os.Getpid(), port); err == nil || errors.Is(err, ErrNotTheJobs) {
 		t.Errorf("a port nothing listens on: %v", err)
 	}
 }
 
 // The kernel's sock_diag answer and /proc/net/tcp agree on a listener.
 func TestDiagListenersAgreeWithProc(t *testing.T) {
-	b, err := os.ReadFile("/proc/net/tcp")
-	if err != nil {
+	if _, err := os.Stat("/proc/net/tcp"); err != nil {
 		t.Skip("no /proc/net/tcp")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -88,7 +87,8 @@ func TestDiagListenersAgreeWithProc(t *testing.T) {
 	}
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
-	if b, err = os.ReadFile("/proc/net/tcp"); err != nil {
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
 		t.Fatal(err)
 	}
 	want, err := parseListeners(b, port)
