@@ -107,7 +107,7 @@ func (c *Config) check() error {
 		name string
 		v    time.Duration
 	}{{"heartbeat timeout", c.HeartbeatTimeout}, {"default time limit", c.DefaultTimeLimit}, {"maximum time limit", c.MaxTimeLimit},
-		{"preemption grace", c.PreemptGrace}, {"fair-share window", c.FairShareWindow}, {"commit gap", c.CommitGap}} {
+		{"preemption grace", c.PreemptGrace}, {"fair-share window", c.FairShareWindow}, {"commit gap", c.CommitGap}, {"tunnel idle time", c.TunnelIdle}} {
 		if d.v < 0 {
 			return fmt.Errorf("server configuration: the %s is negative (%s)", d.name, d.v)
 		}

@@ -134,6 +134,7 @@ type serverFlags struct {
 	maxLimit         time.Duration
 	grace            time.Duration
 	fairWindow       time.Duration
+	tunnelIdle       time.Duration
 }
 
 func (f *serverFlags) add(cmd *cobra.Command, listen string) {
@@ -147,6 +148,7 @@ func (f *serverFlags) add(cmd *cobra.Command, listen string) {
 	fl.DurationVar(&f.maxLimit, "max-time-limit", 7*24*time.Hour, "longest time limit a lease may ask for")
 	fl.DurationVar(&f.grace, "grace", 30*time.Second, "time a preempted or expired job gets between SIGTERM and SIGKILL")
 	fl.DurationVar(&f.fairWindow, "fair-share-window", time.Hour, "half-life of past usage in the fair-share order")
+	fl.DurationVar(&f.tunnelIdle, "tunnel-idle", 30*time.Minute, "a connection to a job's port (kiln forward, the HTTP path) that carries nothing this long is closed")
 }
 
 // start opens the server and its listener; the caller serves.
@@ -170,7 +172,7 @@ func (f *serverFlags) start(ctx context.Context, log *slog.Logger) (*server.Serv
 	srv, err := server.New(ctx, server.Config{
 		DataDir: f.data, URL: url, Hosts: f.hosts, HeartbeatTimeout: f.heartbeatTimeout,
 		DefaultTimeLimit: f.defaultLimit, MaxTimeLimit: f.maxLimit, PreemptGrace: f.grace,
-		FairShareWindow: f.fairWindow, Logger: log,
+		FairShareWindow: f.fairWindow, TunnelIdle: f.tunnelIdle, Logger: log,
 	})
 	if err != nil {
 		ln.Close()
