@@ -163,30 +163,29 @@ func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, 
 }
 
 // openPorts finds which declared ports of the running jobs accept
-// connections (a connection opened and closed at once).
+// connections. Where the executor can tell (PortOwner), a listener of the
+// job's on the port is enough, and the job's server gets no connection;
+// otherwise a connection is opened and closed at once.
 func (a *Agent) openPorts(ctx context.Context) map[string][]int {
 	type target struct {
 		id    string
+		h     executor.Handle
 		ports []int
 	}
 	var jobs []target
 	a.mu.Lock()
 	for id, j := range a.jobs {
 		if len(j.a.Spec.Ports) > 0 && j.h != nil {
-			jobs = append(jobs, target{id, j.a.Spec.Ports})
+			jobs = append(jobs, target{id, j.h, j.a.Spec.Ports})
 		}
 	}
 	a.mu.Unlock()
 	var out map[string][]int
 	for _, t := range jobs {
 		for _, p := range t.ports {
-			pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			c, err := a.dialJob(pctx, t.id, p)
-			cancel()
-			if err != nil {
+			if !a.listens(ctx, t.id, t.h, p) {
 				continue
 			}
-			c.Close()
 			if out == nil {
 				out = map[string][]int{}
 			}
@@ -194,4 +193,20 @@ func (a *Agent) openPorts(ctx context.Context) map[string][]int {
 		}
 	}
 	return out
+}
+
+func (a *Agent) listens(ctx context.Context, job string, h executor.Handle, port int) bool {
+	if o, ok := h.(PortOwner); ok {
+		if _, dials := h.(PortDialer); !dials {
+			return o.CheckPort(port) == nil
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	c, err := a.dialJob(pctx, job, port)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
