@@ -59,8 +59,9 @@ func hashMatches(secret string, hash []byte) bool {
 
 // caller is who makes a request: a user (token) or an agent (certificate).
 type caller struct {
-	user *userInfo
-	node string
+	user  *userInfo
+	token string // the id of the token the user called with
+	node  string
 }
 
 func (c *caller) admin() bool { return c.user != nil && c.user.Role == api.RoleAdmin }
@@ -86,6 +87,15 @@ func callerOf(r *http.Request) *caller {
 
 // authenticate finds the caller from the bearer token or the client
 // certificate; nil when neither is valid.
+// tokenUser is the user of token id while the token lives; s.amu is held.
+func (s *Server) tokenUser(id string, now time.Time) *userInfo {
+	t := s.tokens[id]
+	if t == nil || (!t.Expires.IsZero() && now.After(t.Expires)) {
+		return nil
+	}
+	return s.users[t.UserID]
+}
+
 func (s *Server) authenticate(r *http.Request) *caller {
 	if h := r.Header.Get("Authorization"); h != "" {
 		tok, ok := strings.CutPrefix(h, "Bearer ")
@@ -98,18 +108,13 @@ func (s *Server) authenticate(r *http.Request) *caller {
 		}
 		s.amu.RLock()
 		defer s.amu.RUnlock()
-		t := s.tokens[id]
-		if t == nil || !hashMatches(secret, t.Hash) {
+		if t := s.tokens[id]; t == nil || !hashMatches(secret, t.Hash) {
 			return nil
 		}
-		if !t.Expires.IsZero() && time.Now().After(t.Expires) {
-			return nil
+		if u := s.tokenUser(id, time.Now()); u != nil {
+			return &caller{user: u, token: id}
 		}
-		u := s.users[t.UserID]
-		if u == nil {
-			return nil
-		}
-		return &caller{user: u}
+		return nil
 	}
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.PeerCertificates) > 0 {
 		cert := r.TLS.PeerCertificates[0]

@@ -17,9 +17,9 @@ import (
 // /v1/leases/{id}/ports/{port}/browser) that holds a one-time code; the
 // first visit trades the code for a cookie scoped to that lease's port
 // path (HttpOnly, Secure, SameSite=Strict) and is sent on without the
-// code. The cookie is checked on every request as a token is (the user
-// still exists, owns the lease or is an admin, the job runs), and never
-// reaches the job.
+// code. The cookie is checked on every request as a token is (the token
+// that asked for it still lives, its user owns the lease or is an admin,
+// the job runs), and never reaches the job.
 
 // Browser sessions' lifetimes.
 const (
@@ -30,8 +30,10 @@ const (
 	maxPortSessions = 10000
 )
 
+// portSession lives as long as the token that asked for it: revoking the
+// token, or its expiry, ends the browser's session too.
 type portSession struct {
-	userID  string
+	token   string
 	lease   string
 	port    int
 	expires time.Time
@@ -82,7 +84,7 @@ func (p *portSessions) trade(code, lease string, port int) (string, *portSession
 	if s == nil || time.Now().After(s.expires) || s.lease != lease || s.port != port {
 		return "", nil
 	}
-	sess := &portSession{userID: s.userID, lease: lease, port: port, expires: time.Now().Add(portSessionTTL)}
+	sess := &portSession{token: s.token, lease: lease, port: port, expires: time.Now().Add(portSessionTTL)}
 	id := randHex(24)
 	p.live[id] = sess
 	return id, sess
@@ -131,8 +133,8 @@ func (s *Server) browserCaller(r *http.Request) *caller {
 	}
 	s.amu.RLock()
 	defer s.amu.RUnlock()
-	if u := s.users[sess.userID]; u != nil {
-		return &caller{user: u}
+	if u := s.tokenUser(sess.token, time.Now()); u != nil {
+		return &caller{user: u, token: sess.token}
 	}
 	return nil
 }
@@ -174,7 +176,7 @@ func (s *Server) browserLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	lease := r.PathValue("id")
-	code, err := s.portSessions.newCode(&portSession{userID: c.user.ID, lease: lease, port: port, expires: time.Now().Add(portCodeTTL)})
+	code, err := s.portSessions.newCode(&portSession{token: c.token, lease: lease, port: port, expires: time.Now().Add(portCodeTTL)})
 	if err != nil {
 		writeErr(w, 0, err)
 		return

@@ -232,6 +232,24 @@ func TestTunnels(t *testing.T) {
 	if _, err := bob.BrowserLink(ctx, l.ID, httpPort); api.StatusOf(err) != http.StatusForbidden {
 		t.Errorf("bob asks for a browser link to alice's lease: %v, want 403", err)
 	}
+	// A session ends with the token that asked for it.
+	alice2 := c.user("alice", "default")
+	link2, err := alice2.BrowserLink(ctx, l.ID, httpPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jar2, _ := cookiejar.New(nil)
+	browser2 := &http.Client{Transport: tr, Jar: jar2}
+	if resp, err := browser2.Get(link2.URL); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the second browser link: %v %v", resp, err)
+	}
+	tokID, _, _ := strings.Cut(strings.TrimPrefix(alice2.Token, "kiln_"), "_")
+	if err := alice2.DeleteToken(ctx, tokID); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := browser2.Get(base + "/hello"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("the browser session after its token was revoked: %v %v, want 401", resp.Status, err)
+	}
 
 	// A WebSocket (HTTP/1.1 upgrade) through the HTTP path.
 	wsURL := strings.Replace(base, "https://", "wss://", 1) + "/ws"
