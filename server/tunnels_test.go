@@ -1,11 +1,7 @@
 package server_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"net"
@@ -34,12 +30,11 @@ func TestHelperPortServer(t *testing.T) {
 
 func tcpPort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := tunneltest.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p[0]
 }
 
 // connectWhenUp retries while the job is not listening yet.
@@ -97,22 +92,8 @@ func TestTunnels(t *testing.T) {
 	}
 
 	// 32 MiB each way at once, compared by hash.
-	const size = 32 << 20
-	sent := sha256.New()
-	got := sha256.New()
-	werr := make(chan error, 1)
-	go func() {
-		_, err := io.CopyN(st, io.TeeReader(rand.Reader, sent), size)
-		werr <- err
-	}()
-	if n, err := io.CopyN(got, st, size); err != nil || n != size {
-		t.Fatalf("echo: read %d of %d bytes: %v", n, size, err)
-	}
-	if err := <-werr; err != nil {
+	if err := tunneltest.CheckEcho(st, 32<<20); err != nil {
 		t.Fatal(err)
-	}
-	if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
-		t.Fatal("echo: the bytes that came back differ from those sent")
 	}
 
 	// HTTP over a tunnel, as kiln forward carries it.
@@ -137,15 +118,9 @@ func TestTunnels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var events []string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-			events = append(events, d)
-		}
-	}
+	events := tunneltest.ReadEvents(resp.Body)
 	resp.Body.Close()
-	if strings.Join(events, ",") != strings.Join(tunneltest.Events, ",") {
+	if !tunneltest.WantEvents(events) {
 		t.Errorf("server-sent events through the tunnel: %q", events)
 	}
 

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"crypto/rand"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -118,21 +115,8 @@ func TestForward(t *testing.T) {
 				conn = c
 				return true
 			})
-			const size = 16 << 20
-			sent, got := sha256.New(), sha256.New()
-			werr := make(chan error, 1)
-			go func() {
-				_, err := io.CopyN(conn, io.TeeReader(rand.Reader, sent), size)
-				werr <- err
-			}()
-			if n, err := io.CopyN(got, conn, size); err != nil || n != size {
-				t.Fatalf("echo: read %d of %d bytes: %v", n, size, err)
-			}
-			if err := <-werr; err != nil {
+			if err := tunneltest.CheckEcho(conn, 16<<20); err != nil {
 				t.Fatal(err)
-			}
-			if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
-				t.Fatal("echo: the bytes that came back differ from those sent")
 			}
 			conn.Close()
 
@@ -162,15 +146,9 @@ func TestForward(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var events []string
-			sc := bufio.NewScanner(resp.Body)
-			for sc.Scan() {
-				if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-					events = append(events, d)
-				}
-			}
+			events := tunneltest.ReadEvents(resp.Body)
 			resp.Body.Close()
-			if strings.Join(events, ",") != strings.Join(tunneltest.Events, ",") {
+			if !tunneltest.WantEvents(events) {
 				t.Errorf("server-sent events through kiln forward: %q", events)
 			}
 

@@ -207,38 +207,9 @@ func kilnOnKube(t *testing.T, ctx context.Context, nodes []string) *api.Client {
 // every node is ready for images.
 func kilnServer(t testing.TB, ctx context.Context, nodes []string, heartbeat time.Duration, mk func(node string) (executor.Executor, func(context.Context) (*snapshot.Snapshot, error))) *api.Client {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kiln")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kiln").CombinedOutput(); err != nil {
-		t.Fatalf("building kiln: %v\n%s", err, out)
-	}
-	data := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	url := "https://" + addr
-	srv := exec.Command(bin, "server", "--data", data, "--listen", addr, "--url", url, "--heartbeat-timeout", "10s")
-	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
-	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); srv.Wait() })
-	cfgPath := filepath.Join(data, "admin-client.json")
-	var admin *api.Client
-	for deadline := time.Now().Add(30 * time.Second); admin == nil; time.Sleep(50 * time.Millisecond) {
-		if cfg, err := api.LoadClientConfig(cfgPath); err == nil {
-			if c, err := cfg.Client(); err == nil && c.Health(ctx) == nil {
-				admin = c
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("kiln server did not come up")
-		}
-	}
-	cfg, err := api.LoadClientConfig(cfgPath)
+	bin := buildBinaries(t, "kiln")
+	admin, url, data := startServer(t, ctx, bin, nil, "--heartbeat-timeout", "10s")
+	cfg, err := api.LoadClientConfig(filepath.Join(data, "admin-client.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,6 +447,57 @@ func waitLeaseFor(t *testing.T, c *api.Client, id string, d time.Duration) *api.
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("lease %s not ended: %+v %v", id, l, err)
+		}
+	}
+}
+
+// buildBinaries builds the programs of cmd/ into one folder, as users
+// install them side by side, and returns the folder.
+func buildBinaries(t testing.TB, programs ...string) string {
+	t.Helper()
+	bin := t.TempDir()
+	for _, p := range programs {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, p), "../../cmd/"+p).CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v\n%s", p, err, out)
+		}
+	}
+	return bin
+}
+
+// startServer runs bin/kiln server on a free loopback port with a data
+// folder of its own and the extra flags, in a process group the test ends
+// (the server and what it started); it returns the admin's client once
+// the server answers, its URL and its data folder.
+func startServer(t testing.TB, ctx context.Context, bin string, env []string, extra ...string) (*api.Client, string, string) {
+	t.Helper()
+	data := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	url := "https://" + addr
+	srv := exec.Command(filepath.Join(bin, "kiln"), append([]string{"server", "--data", data, "--listen", addr, "--url", url}, extra...)...)
+	srv.Env = append(os.Environ(), env...)
+	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
+	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-srv.Process.Pid, syscall.SIGTERM)
+		srv.Wait()
+	})
+	cfgPath := filepath.Join(data, "admin-client.json")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if cfg, err := api.LoadClientConfig(cfgPath); err == nil {
+			if c, err := cfg.Client(); err == nil && c.Health(ctx) == nil {
+				return c, url, data
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kiln server did not come up")
 		}
 	}
 }

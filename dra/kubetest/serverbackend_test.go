@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -37,12 +35,7 @@ func TestServerBackendKubernetes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bin := t.TempDir()
-	for _, p := range []string{"kiln", "kiln-dra"} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, p), "../../cmd/"+p).CombinedOutput(); err != nil {
-			t.Fatalf("building %s: %v\n%s", p, err, out)
-		}
-	}
+	bin := buildBinaries(t, "kiln", "kiln-dra")
 	// The backend runs as deploy/server's service account, so that the
 	// RBAC it ships is the RBAC the test needs.
 	applyRendered(t, kubectlPath(t), kustomize(t, kubectlPath(t), "deploy/server"), false)
@@ -63,40 +56,11 @@ current-context: local
 	if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	data := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	srv := exec.Command(filepath.Join(bin, "kiln"), "server", "--data", data, "--listen", addr, "--url", "https://"+addr,
-		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--namespace-prefix", "kb-", "--kube-watch", "1s")
 	// A user's token in the server's environment is not the backend's to
 	// have.
-	srv.Env = append(os.Environ(), "KILN_TOKEN=kiln_user_secret")
-	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
-	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// The whole group: the server and the backend it started.
-		_ = syscall.Kill(-srv.Process.Pid, syscall.SIGTERM)
-		srv.Wait()
-	})
+	admin, _, data := startServer(t, ctx, bin, []string{"KILN_TOKEN=kiln_user_secret"},
+		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--namespace-prefix", "kb-", "--kube-watch", "1s")
 	cfgPath := filepath.Join(data, "admin-client.json")
-	var admin *api.Client
-	for deadline := time.Now().Add(30 * time.Second); admin == nil; time.Sleep(50 * time.Millisecond) {
-		if cfg, err := api.LoadClientConfig(cfgPath); err == nil {
-			if c, err := cfg.Client(); err == nil && c.Health(ctx) == nil {
-				admin = c
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("kiln server did not come up")
-		}
-	}
 
 	// Every recorded node publishing kiln's devices joins, at the pace of
 	// the server's limit on requests without credentials.

@@ -5,6 +5,11 @@
 package tunneltest
 
 import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -80,3 +85,41 @@ func FreePorts(n int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// CheckEcho sends size random bytes through an echo connection while
+// reading them back, and says whether what came back is what was sent
+// (compared by SHA-256).
+func CheckEcho(conn io.ReadWriter, size int64) error {
+	sent, got := sha256.New(), sha256.New()
+	werr := make(chan error, 1)
+	go func() {
+		_, err := io.CopyN(conn, io.TeeReader(rand.Reader, sent), size)
+		werr <- err
+	}()
+	if n, err := io.CopyN(got, conn, size); err != nil || n != size {
+		return fmt.Errorf("echo: read %d of %d bytes: %v", n, size, err)
+	}
+	if err := <-werr; err != nil {
+		return fmt.Errorf("echo: %w", err)
+	}
+	if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
+		return errors.New("echo: the bytes that came back differ from those sent")
+	}
+	return nil
+}
+
+// ReadEvents reads a server-sent event stream to its end and returns the
+// data lines.
+func ReadEvents(r io.Reader) []string {
+	var out []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// WantEvents says whether events are the stream GET /events sends.
+func WantEvents(events []string) bool { return strings.Join(events, ",") == strings.Join(Events, ",") }
