@@ -198,10 +198,15 @@ type projState struct {
 	used     float64   // GPU-seconds of leases ended in the period
 }
 
+// holding is what one lease holds of a device.
+type holding struct {
+	milli int
+	mem   uint64
+}
+
 type unitState struct {
 	dev         api.Device
-	holders     map[string]int // lease id -> milli GPU
-	mem         map[string]uint64
+	holders     map[string]holding // lease id -> what it holds; nil while none
 	usedMilli   int
 	usedMem     uint64
 	reservedFor string
@@ -343,7 +348,7 @@ func (s *Core) Load(now time.Time, src Source) error {
 		s.jobs[j.ID] = js
 		for _, t := range j.Tasks {
 			if n := s.nodes[t.Node]; n != nil && !api.JobFinal(t.State) {
-				n.tasks[j.ID] = js
+				n.addTask(j.ID, js)
 			}
 		}
 		if ls.l.State == api.LeaseStopping {
@@ -373,13 +378,13 @@ func periodStart(now time.Time, seconds int) time.Time {
 }
 
 func (s *Core) newNode(r NodeRecord, drains map[string]DeviceState) *Node {
-	n := &Node{rec: r, byID: map[string]*unitState{}, stops: map[string]api.StopOrder{}, tasks: map[string]*jobState{}, dirty: true}
 	devs := placement.Devices(r.Snapshot, s.cfg.KB)
+	n := &Node{rec: r, byID: make(map[string]*unitState, len(devs)), dirty: true}
 	for _, d := range devs {
 		if st, ok := drains[d.ID]; ok && st.Drained {
 			d.Drained, d.DrainReason = true, st.Reason
 		}
-		u := &unitState{dev: d, holders: map[string]int{}, mem: map[string]uint64{}}
+		u := &unitState{dev: d}
 		n.units = append(n.units, u)
 		n.byID[d.ID] = u
 	}
@@ -420,22 +425,42 @@ func (u *unitState) hold(lease string, milli int, mem uint64) {
 	if _, ok := u.holders[lease]; ok {
 		return
 	}
-	u.holders[lease] = milli
-	u.mem[lease] = mem
+	if u.holders == nil {
+		// Most devices of a large fleet are free: their map is made when
+		// first held, which keeps the collector's work per node small.
+		u.holders = map[string]holding{}
+	}
+	u.holders[lease] = holding{milli, mem}
 	u.usedMilli += milli
 	u.usedMem += mem
 }
 
 func (u *unitState) free(lease string) bool {
-	m, ok := u.holders[lease]
+	h, ok := u.holders[lease]
 	if !ok {
 		return false
 	}
-	u.usedMilli -= m
-	u.usedMem -= u.mem[lease]
+	u.usedMilli -= h.milli
+	u.usedMem -= h.mem
 	delete(u.holders, lease)
-	delete(u.mem, lease)
 	return true
+}
+
+// addTask records a live job with a task on the node; the map is made when
+// first needed (most nodes of a large fleet run nothing).
+func (n *Node) addTask(id string, js *jobState) {
+	if n.tasks == nil {
+		n.tasks = map[string]*jobState{}
+	}
+	n.tasks[id] = js
+}
+
+// addStop records a stop order the node's agent is sent until the task ends.
+func (n *Node) addStop(id string, o api.StopOrder) {
+	if n.stops == nil {
+		n.stops = map[string]api.StopOrder{}
+	}
+	n.stops[id] = o
 }
 
 // touch records a call of the node's agent.

@@ -36,7 +36,7 @@ func (s *Core) applySnapshot(n *Node, req api.RegisterRequest, b *Changes) strin
 	var drained []string
 	for _, u := range fresh.units {
 		if prev, ok := old[u.dev.ID]; ok {
-			u.holders, u.mem, u.usedMilli, u.usedMem = prev.holders, prev.mem, prev.usedMilli, prev.usedMem
+			u.holders, u.usedMilli, u.usedMem = prev.holders, prev.usedMilli, prev.usedMem
 			u.reservedFor, u.reservedTil, u.claimedBy = prev.reservedFor, prev.reservedTil, prev.claimedBy
 		}
 		reason, crit := critical[u.dev.PCIAddress]
@@ -119,7 +119,7 @@ func (s *Core) reconcile(n *Node, running []string, now time.Time, b *Changes) {
 		}
 		if t == nil || api.JobFinal(t.State) {
 			if _, ok := n.stops[id]; !ok {
-				n.stops[id] = api.StopOrder{JobID: id, Reason: "kiln has no live task of this job on this node"}
+				n.addStop(id, api.StopOrder{JobID: id, Reason: "kiln has no live task of this job on this node"})
 			}
 			continue
 		}
@@ -167,7 +167,7 @@ func (s *Core) reconcile(n *Node, running []string, now time.Time, b *Changes) {
 			if run[js.j.ID] {
 				still = true
 				if _, ok := n.stops[js.j.ID]; !ok {
-					n.stops[js.j.ID] = api.StopOrder{JobID: js.j.ID, Reason: ls.l.Reason}
+					n.addStop(js.j.ID, api.StopOrder{JobID: js.j.ID, Reason: ls.l.Reason})
 				}
 			}
 		}

@@ -540,10 +540,10 @@ func (s *Core) tryPreempt(ls *leaseState, now time.Time, b *Changes) {
 			return
 		}
 		milli, mem, others := 0, uint64(0), 0
-		for id, m := range u.holders {
+		for id, h := range u.holders {
 			if victims[id] {
-				milli += m
-				mem += u.mem[id]
+				milli += h.milli
+				mem += h.mem
 			} else {
 				others++
 			}
@@ -660,7 +660,7 @@ func (s *Core) assign(js *jobState, b *Changes) {
 	for i, a := range l.Allocations {
 		js.j.Tasks = append(js.j.Tasks, api.Task{Node: a.Node, Rank: i, State: api.JobAssigned})
 		if n := s.nodes[a.Node]; n != nil {
-			n.tasks[js.j.ID] = js
+			n.addTask(js.j.ID, js)
 			s.poke(n)
 		}
 	}
@@ -707,8 +707,8 @@ func (s *Core) orderStop(js *jobState, grace time.Duration, reason string) {
 			continue
 		}
 		if n := s.nodes[t.Node]; n != nil {
-			n.stops[js.j.ID] = api.StopOrder{JobID: js.j.ID, GraceMS: int(grace / time.Millisecond), Reason: reason,
-				Notice: fmt.Sprintf("kiln: %s; this job is stopped in %s (SIGTERM now, SIGKILL then)", reason, grace)}
+			n.addStop(js.j.ID, api.StopOrder{JobID: js.j.ID, GraceMS: int(grace / time.Millisecond), Reason: reason,
+				Notice: fmt.Sprintf("kiln: %s; this job is stopped in %s (SIGTERM now, SIGKILL then)", reason, grace)})
 			s.poke(n)
 		}
 	}

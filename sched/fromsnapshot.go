@@ -239,9 +239,10 @@ func linksFromMatrix(n *Node, m *topo.Matrix) [][]Link {
 		}
 	}
 	links := make([][]Link, len(n.Devices))
+	cells := make([]Link, len(n.Devices)*len(n.Devices)) // one allocation for every row
 	unknown := 0
 	for i := range links {
-		links[i] = make([]Link, len(n.Devices))
+		links[i] = cells[i*len(n.Devices) : (i+1)*len(n.Devices) : (i+1)*len(n.Devices)]
 		for j := range links[i] {
 			if i == j {
 				links[i][j] = Link{Class: topo.ClassSelf}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,9 +24,10 @@ import (
 // BenchmarkLeaseGrantRelease measures lease request -> grant -> release
 // over TLS on loopback while 1,000 simulated agents (8 GPUs each, each on
 // its own TLS connection) heartbeat as kiln agent does: a heartbeat the
-// server holds up to the agent's 5 s interval. The agents and the users
-// run in a second process (this test binary started again), as they run
-// on other machines: the server's process holds the server alone. Run:
+// server holds up to the agent's 5 s interval. The agents run in a second
+// process and the users in a third (this test binary started again), as
+// they run on other machines: the server's process holds the server
+// alone. Run:
 //
 //	go test -run '^$' -bench LeaseGrantRelease -cpu 2 -benchtime 20000x ./server
 //
@@ -36,7 +38,9 @@ import (
 // arrive at a fixed rate (KILN_BENCH_RATE, default 2,000 grants/s):
 // p99-ms@RATE counts each request from the moment it was due, so a stall
 // of the server is charged in full, and %late is the share over 20 ms.
-// heartbeats/s counts the agents' heartbeats answered during the first run.
+// heartbeats/s counts the agents' heartbeats answered during the first run;
+// server-cpu-µs/pair@rate is the CPU time the server's process spent per
+// pair during the fixed-rate run (what leaves room for its collector).
 //
 // KILN_BENCH_BEATS=1s makes every agent send a plain heartbeat each second
 // instead (about five times the requests); KILN_BENCH_PLACER=first-fit
@@ -67,6 +71,13 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	default:
 		b.Fatalf("KILN_BENCH_BEATS=%q: want agent or 1s", v)
 	}
+	if v := os.Getenv("KILN_BENCH_GAP"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("KILN_BENCH_GAP=%q: want a duration", v)
+		}
+		cfg.CommitGap = d
+	}
 	if os.Getenv("KILN_BENCH_PLACER") == "first-fit" {
 		cfg.Placer = placement.FirstFit{}
 	}
@@ -83,9 +94,13 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	time.Sleep(agentInterval + time.Second) // every agent heartbeats from here on
 	// 32 users, each with a connection of its own (HTTP/2 over TLS, kept
 	// alive), ask for one GPU and release it, again and again. They run in
-	// the agents' process too: users are elsewhere, as agents are.
+	// a third process: users are on machines other than the server's and
+	// the agents', and the collector of a process holding 1,000 agents'
+	// connections would stop the users' clocks as well.
 	const clients = 32
-	if err := fleet.do(fmt.Sprintf("users %d", clients)); err != nil {
+	users := startAgents(b, benchAgents{URL: c.url, CAPEM: string(c.srv.CAPEM()), AdminToken: c.srv.Bootstrap.AdminToken})
+	defer users.stop()
+	if err := users.do(fmt.Sprintf("users %d", clients)); err != nil {
 		b.Fatal(err)
 	}
 	rate := 2000.0
@@ -110,7 +125,7 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	}
 	beats0 := fleet.beats()
 	start := time.Now()
-	closed, err := fleet.run(fmt.Sprintf("closed %d", b.N))
+	closed, err := users.run(fmt.Sprintf("closed %d", b.N))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -119,7 +134,9 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	// The same requests offered at a fixed rate, as users arrive: each
 	// latency runs from the moment the request was due, so a server that
 	// falls behind is charged for the wait (no coordinated omission).
-	open, err := fleet.run(fmt.Sprintf("open %d %g", b.N, rate))
+	cpu0 := processCPU()
+	open, err := users.run(fmt.Sprintf("open %d %g", b.N, rate))
+	cpuOpen := processCPU() - cpu0
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -148,6 +165,17 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 	b.ReportMetric(p99(open.lat), fmt.Sprintf("p99-ms@%.0f/s", rate))
 	b.ReportMetric(float64(late)/float64(len(open.lat))*100, "%late")
 	b.ReportMetric(float64(beats1-beats0)/elapsed.Seconds(), "heartbeats/s")
+	b.ReportMetric(float64(cpuOpen.Microseconds())/float64(b.N), "server-cpu-µs/pair@rate")
+}
+
+// processCPU is the CPU time this process (the server's) used so far, user
+// and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // dumpOpen writes the fixed-rate run's latencies, one line per pair: due

@@ -73,7 +73,8 @@ type agentFleet struct {
 
 // startAgents starts this test binary as a process that joins cfg.Count
 // agents (8 H100s each) to the server, registers them and keeps them
-// heartbeating; it returns once all are registered.
+// heartbeating; it returns once all are registered. With no agents
+// (Count 0) the process holds users alone.
 func startAgents(t testing.TB, cfg benchAgents) *agentFleet {
 	t.Helper()
 	raw, _ := json.Marshal(cfg)
