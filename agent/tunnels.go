@@ -31,8 +31,9 @@ type PortOwner interface {
 	CheckPort(port int) error
 }
 
-// maxOrderLine bounds one line of the server's order stream.
-const maxOrderLine = 4096
+// maxOrderLine bounds one line of the server's order stream (a session's
+// order carries its command).
+const maxOrderLine = 64 << 10
 
 // runTunnels keeps the order stream open: the server asks on it for
 // connections to the ports of this node's jobs, and each is carried on a
@@ -90,6 +91,10 @@ func (a *Agent) tunnelOrders(ctx context.Context) error {
 
 // serveTunnel connects to the job's port and carries the connection.
 func (a *Agent) serveTunnel(ctx context.Context, o api.TunnelOrder) {
+	if o.Session != nil {
+		a.serveSession(ctx, o)
+		return
+	}
 	conn, err := a.dialJob(ctx, o.JobID, o.Port)
 	if err != nil {
 		if rerr := a.client.RefuseTunnel(ctx, a.node, o.ID, err.Error()); rerr != nil {
@@ -117,8 +122,8 @@ func (a *Agent) serveTunnel(ctx context.Context, o api.TunnelOrder) {
 	<-done
 }
 
-// dialJob connects to port of a job running here that declared it.
-func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, error) {
+// runningJob is the handle of a job running here.
+func (a *Agent) runningJob(jobID string) (*job, executor.Handle, error) {
 	a.mu.Lock()
 	j := a.jobs[jobID]
 	var h executor.Handle
@@ -126,9 +131,18 @@ func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, 
 		h = j.h
 	}
 	a.mu.Unlock()
+	if j == nil || h == nil {
+		return nil, nil, fmt.Errorf("job %s does not run on this node", jobID)
+	}
+	return j, h, nil
+}
+
+// dialJob connects to port of a job running here that declared it.
+func (a *Agent) dialJob(ctx context.Context, jobID string, port int) (net.Conn, error) {
+	j, h, err := a.runningJob(jobID)
 	switch {
-	case j == nil || h == nil:
-		return nil, fmt.Errorf("job %s does not run on this node", jobID)
+	case err != nil:
+		return nil, err
 	case !slices.Contains(j.a.Spec.Ports, port):
 		return nil, fmt.Errorf("job %s does not declare port %d", jobID, port)
 	}

@@ -469,17 +469,37 @@ func (s *Stream) Close() error {
 // openStream sends a full-duplex request (HTTP/2): the request body is
 // what the caller writes, the answer's body what it reads.
 func (c *Client) openStream(ctx context.Context, path string) (*Stream, error) {
+	return c.openStreamWith(ctx, path, nil)
+}
+
+// openStreamWith opens a stream whose first bytes, written by first, go
+// out before the server answers (it reads them to decide).
+func (c *Client) openStreamWith(ctx context.Context, path string, first func(io.Writer) error) (*Stream, error) {
 	pr, pw := io.Pipe()
+	wrote := make(chan struct{})
+	if first != nil {
+		go func() {
+			defer close(wrote)
+			if err := first(pw); err != nil {
+				pw.CloseWithError(err)
+			}
+		}()
+	} else {
+		close(wrote)
+	}
 	resp, err := c.send(ctx, "POST", path, "application/octet-stream", pr)
 	if err != nil {
 		pw.Close()
+		<-wrote
 		return nil, err
 	}
 	if resp.ProtoMajor < 2 {
 		resp.Body.Close()
 		pw.Close()
+		<-wrote
 		return nil, fmt.Errorf("POST %s: the connection to the server is %s; a tunnel needs HTTP/2", path, resp.Proto)
 	}
+	<-wrote
 	return &Stream{r: resp.Body, w: pw}, nil
 }
 
@@ -499,6 +519,34 @@ func (c *Client) ConnectPort(ctx context.Context, leaseID string, port int, job 
 		q.Set("rank", strconv.Itoa(rank))
 	}
 	return c.openStream(ctx, withQuery(p, q))
+}
+
+// OpenSession opens a session beside a job of the lease (kiln exec, kiln
+// shell): the newest running job, or job when given; its task of the given
+// rank. The caller sends req as the first frame (FrameOpen), then input;
+// it reads output frames until FrameExit or FrameError.
+func (c *Client) OpenSession(ctx context.Context, leaseID, job string, rank int, req SessionRequest) (*Stream, *FrameWriter, error) {
+	if err := req.Check(); err != nil {
+		return nil, nil, err
+	}
+	p, err := pathOf("/v1/leases/{lease id}/sessions", leaseID)
+	if err != nil {
+		return nil, nil, err
+	}
+	q := url.Values{}
+	if job != "" {
+		q.Set("job", job)
+	}
+	if rank != 0 {
+		q.Set("rank", strconv.Itoa(rank))
+	}
+	st, err := c.openStreamWith(ctx, withQuery(p, q), func(w io.Writer) error {
+		return NewFrameWriter(w).WriteJSON(FrameOpen, req)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, NewFrameWriter(st), nil
 }
 
 // TunnelOrders is the agent's order stream: one TunnelOrder a line (blank

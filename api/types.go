@@ -556,7 +556,18 @@ type BrowserLink struct {
 type TunnelOrder struct {
 	ID    string `json:"id"`
 	JobID string `json:"job_id"`
-	Port  int    `json:"port"`
+	Port  int    `json:"port,omitempty"`
+	// Session, instead of a port: run a command beside the job and carry
+	// its terminal or its input and output as session frames.
+	Session *SessionOrder `json:"session,omitempty"`
+}
+
+// SessionOrder is a session the server asks an agent to open.
+type SessionOrder struct {
+	SessionRequest
+	// User is the kiln user who opened it (the lease's owner or an
+	// admin), for the node's log.
+	User string `json:"user"`
 }
 
 // ExitReport is how a task ended.

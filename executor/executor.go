@@ -103,3 +103,40 @@ type Handle interface {
 	// Stop asks the job to end (SIGTERM), then kills it after grace.
 	Stop(ctx context.Context, grace time.Duration) error
 }
+
+// ExecSpec is a command to run beside a running job (kiln exec, kiln
+// shell): as the job's user, with its environment, file system view and
+// limits. An empty Command runs a shell.
+type ExecSpec struct {
+	Command []string
+	// TTY runs it on a terminal of Rows x Cols of type Term; otherwise it
+	// gets pipes, and Stderr is its own.
+	TTY        bool
+	Rows, Cols uint16
+	Term       string
+}
+
+// Session is a command running beside a job.
+type Session interface {
+	// Stdin is its input (with TTY, what is typed on its terminal).
+	Stdin() io.WriteCloser
+	// Stdout is its output (with TTY, its terminal's); it ends when the
+	// command and what it started closed it.
+	Stdout() io.Reader
+	// Stderr is its error output; nil with TTY.
+	Stderr() io.Reader
+	// Resize sets its terminal's size (TTY only).
+	Resize(rows, cols uint16) error
+	// Signal sends sig ("INT", "TERM", "HUP", "QUIT", "KILL") to its
+	// process group.
+	Signal(sig string) error
+	// Wait returns how it ended.
+	Wait(ctx context.Context) (Exit, error)
+	// Close ends it (SIGKILL) if it still runs and frees its terminal.
+	Close() error
+}
+
+// Execer is a job handle that runs commands beside its job.
+type Execer interface {
+	Exec(ctx context.Context, spec ExecSpec) (Session, error)
+}

@@ -36,6 +36,7 @@ type route struct {
 // as the handler runs: the guard does not read it first.
 var streamRoutes = map[string]bool{
 	"/v1/leases/{id}/ports/{port}/connect":        true,
+	"/v1/leases/{id}/sessions":                    true,
 	"/v1/agent/nodes/{node}/tunnels/{tid}":        true,
 	"/v1/leases/{id}/ports/{port}/http/{path...}": true,
 }
@@ -75,6 +76,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/exit", authAgent, s.jobExit},
 		{"POST", "/v1/agent/nodes/{node}/jobs/{job}/logs", authAgent, s.jobLogChunk},
 		{"POST", "/v1/leases/{id}/ports/{port}/connect", authUser, s.connectPort},
+		{"POST", "/v1/leases/{id}/sessions", authUser, s.openSession},
 		{"GET", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"POST", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"PUT", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},

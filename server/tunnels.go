@@ -71,6 +71,9 @@ type tunnel struct {
 	once        sync.Once
 	done        chan struct{}
 	why         atomic.Pointer[string]
+	// tap, when set, sees what the agent sends (a session's frames) in
+	// the pump that carries it.
+	tap func([]byte)
 }
 
 // Tunnel limits.
@@ -109,9 +112,11 @@ func (h *tunnelHub) detach(node string, l *agentLink) {
 	}
 }
 
-// order asks node's agent for a connection to port of job; the order
-// waits for room in the agent's queue up to tunnelConnectWait.
-func (h *tunnelHub) order(node, job string, port int) (string, *pendingTunnel, error) {
+// order asks node's agent for a connection to a port of a job, or a
+// session beside it (o without its id); the order waits for room in the
+// agent's queue up to tunnelConnectWait.
+func (h *tunnelHub) order(node string, o api.TunnelOrder) (string, *pendingTunnel, error) {
+	job := o.JobID
 	h.mu.Lock()
 	l := h.links[node]
 	if l == nil {
@@ -133,13 +138,18 @@ func (h *tunnelHub) order(node, job string, port int) (string, *pendingTunnel, e
 	timer := time.NewTimer(tunnelConnectWait)
 	defer timer.Stop()
 	select {
-	case l.orders <- api.TunnelOrder{ID: id, JobID: job, Port: port}:
+	case l.orders <- withID(o, id):
 		return id, p, nil
 	case <-l.gone:
 	case <-timer.C:
 	}
 	h.forget(id)
 	return "", nil, errStatus(http.StatusServiceUnavailable, "the agent of node %s is not taking connections fast enough: try again shortly", node)
+}
+
+func withID(o api.TunnelOrder, id string) api.TunnelOrder {
+	o.ID = id
+	return o
 }
 
 // take hands the pending tunnel id to the agent of node.
@@ -217,6 +227,9 @@ func (t *tunnel) pump(from, to *tunnelHalf) {
 		n, err := from.body.Read(buf)
 		if n > 0 {
 			t.last.Store(time.Now().UnixNano())
+			if t.tap != nil && from == t.agent {
+				t.tap(buf[:n])
+			}
 			if _, werr := to.w.Write(buf[:n]); werr != nil {
 				t.close("the connection was cut")
 				return
@@ -241,12 +254,10 @@ func (s *Server) connectPort(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, fmt.Errorf("port %q: want a TCP port, 1 to 65535", textsafe.Printable(trunc(r.PathValue("port")))))
 		return
 	}
-	rank := 0
-	if v := r.URL.Query().Get("rank"); v != "" {
-		if rank, err = strconv.Atoi(v); err != nil || rank < 0 || rank > 1<<16 {
-			writeErr(w, http.StatusBadRequest, fmt.Errorf("rank %q: want a task's rank, 0 or more", textsafe.Printable(trunc(v))))
-			return
-		}
+	rank, err := rankOf(r)
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err)
+		return
 	}
 	s.mu.Lock()
 	job, node, err := s.portTarget(r, c, r.PathValue("id"), r.URL.Query().Get("job"), port, rank)
@@ -256,12 +267,12 @@ func (s *Server) connectPort(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	user := httpHalf(r.Body, w)
-	t, err := s.openTunnel(r.Context(), node, job, port, user, func(id string) error {
+	t, err := s.openTunnel(r.Context(), node, api.TunnelOrder{JobID: job, Port: port}, user, func(id string) error {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("X-Kiln-Tunnel", id)
 		w.WriteHeader(http.StatusOK)
 		return user.flush()
-	})
+	}, nil)
 	if err != nil {
 		if r.Context().Err() == nil {
 			writeErr(w, 0, err)
@@ -281,11 +292,13 @@ func httpHalf(body io.ReadCloser, w http.ResponseWriter) *tunnelHalf {
 	return &tunnelHalf{body: body, w: w, flush: rc.Flush, cut: func() { _ = rc.SetWriteDeadline(time.Now()) }}
 }
 
-// openTunnel orders node's agent to connect to port of job and joins its
-// answer to user; ready runs, with the tunnel's id, once the agent
-// connected and before any byte of the job's reaches user.
-func (s *Server) openTunnel(ctx context.Context, node, job string, port int, user *tunnelHalf, ready func(id string) error) (*tunnel, error) {
-	id, p, err := s.tunnels.order(node, job, port)
+// openTunnel orders node's agent to connect to a port of a job, or to
+// open a session beside it, and joins its answer to user; ready runs,
+// with the tunnel's id, once the agent connected and before any byte of
+// the job's reaches user.
+func (s *Server) openTunnel(ctx context.Context, node string, o api.TunnelOrder, user *tunnelHalf, ready func(id string) error, tap func([]byte)) (*tunnel, error) {
+	job := o.JobID
+	id, p, err := s.tunnels.order(node, o)
 	if err != nil {
 		return nil, err
 	}
@@ -302,12 +315,15 @@ func (s *Server) openTunnel(ctx context.Context, node, job string, port int, use
 		return nil, ctx.Err()
 	}
 	if agent.refused != "" {
-		return nil, errStatus(http.StatusBadGateway, "port %d of job %s on node %s: %s", port, job, node, agent.refused)
+		if o.Session != nil {
+			return nil, errStatus(http.StatusBadGateway, "a session beside job %s on node %s: %s", job, node, agent.refused)
+		}
+		return nil, errStatus(http.StatusBadGateway, "port %d of job %s on node %s: %s", o.Port, job, node, agent.refused)
 	}
 	if err := ready(id); err != nil {
 		return nil, err
 	}
-	t := &tunnel{id: id, job: job, user: user, agent: agent, done: make(chan struct{})}
+	t := &tunnel{id: id, job: job, user: user, agent: agent, done: make(chan struct{}), tap: tap}
 	t.last.Store(time.Now().UnixNano())
 	s.tunnels.add(t)
 	// Both pumps are counted before either handler may wait for them.
@@ -346,7 +362,7 @@ func (s *Server) watchTunnel(ctx context.Context, t *tunnel) {
 func (s *Server) dialJobPort(ctx context.Context, node, job string, port int) (net.Conn, error) {
 	mine, theirs := net.Pipe()
 	user := &tunnelHalf{body: theirs, w: theirs, flush: func() error { return nil }, cut: func() { theirs.Close() }}
-	t, err := s.openTunnel(ctx, node, job, port, user, func(string) error { return nil })
+	t, err := s.openTunnel(ctx, node, api.TunnelOrder{JobID: job, Port: port}, user, func(string) error { return nil }, nil)
 	if err != nil {
 		mine.Close()
 		theirs.Close()
@@ -372,22 +388,9 @@ func (c *tunnelConn) Close() error {
 // its task of the given rank runs on. Only the lease's owner and admins
 // reach a lease's ports. s.mu is held.
 func (s *Server) portTarget(r *http.Request, c *caller, leaseID, jobID string, port, rank int) (string, string, error) {
-	l, live, err := s.leaseByID(r, leaseID)
+	l, jobs, err := s.reachable(r, c, leaseID, jobID, "reaches the ports of")
 	if err != nil {
 		return "", "", err
-	}
-	if c.user == nil || (l.User != c.user.Name && !c.admin()) {
-		return "", "", errStatus(http.StatusForbidden, "only the lease's owner (%s) or an admin reaches the ports of lease %s", l.User, l.ID)
-	}
-	if !live || l.State != api.LeaseGranted {
-		return "", "", errStatus(http.StatusConflict, "lease %s is %s: only a granted lease's jobs are reached", l.ID, l.State)
-	}
-	jobs := l.Jobs
-	if jobID != "" {
-		if !slices.Contains(jobs, jobID) {
-			return "", "", errStatus(http.StatusNotFound, "lease %s has no job %s", l.ID, textsafe.Printable(trunc(jobID)))
-		}
-		jobs = []string{jobID}
 	}
 	declared := false
 	for i := len(jobs) - 1; i >= 0; i-- { // the newest job first

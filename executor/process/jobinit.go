@@ -46,6 +46,8 @@ type initConfig struct {
 	Keep    []string `json:"keep,omitempty"`
 	Hide    []string `json:"hide,omitempty"`
 	Devices []string `json:"devices,omitempty"` // device nodes to cover
+	// Control: fd 5 is a control socket for sessions beside the job.
+	Control bool `json:"control,omitempty"`
 }
 
 func runJobInit() int {
@@ -83,6 +85,8 @@ func runJobInit() int {
 		report("error %v", err)
 		return 127
 	}
+	reaped := func(int, syscall.WaitStatus) bool { return false }
+	ended := func() {}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	prog := cfg.Argv[0]
@@ -104,6 +108,12 @@ func runJobInit() int {
 		return 127
 	}
 	report("started %d", p.Pid)
+	if sess := openInitSessions(&cfg); sess != nil {
+		defer sess.end()
+		go sess.serve()
+		reaped = sess.reaped
+		ended = sess.end
+	}
 	go func() {
 		for s := range sigs {
 			_ = syscall.Kill(-p.Pid, s.(syscall.Signal))
@@ -119,8 +129,12 @@ func runJobInit() int {
 		if err != nil {
 			break // no child left
 		}
+		if reaped(pid, ws) {
+			continue
+		}
 		if pid == p.Pid {
 			main = ws
+			ended()
 			// The job is over: what it left goes with it.
 			_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
 			if os.Getpid() == 1 {

@@ -83,7 +83,7 @@ func (e *Executor) startPlain(ctx context.Context, job executor.Job) (executor.H
 	}
 	cmd.Env = environ(base, job.Env, extra)
 	cmd.Dir = job.WorkDir
-	h := &handle{logs: newLogBuffer(e.MaxLogBytes), done: make(chan struct{})}
+	h := &handle{logs: newLogBuffer(e.MaxLogBytes), done: make(chan struct{}), env: cmd.Env, dir: cmd.Dir}
 	cmd.Stdout, cmd.Stderr = h.logs, h.logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if job.Limits.CPUMilli > 0 || job.Limits.MemoryBytes > 0 {
@@ -200,6 +200,13 @@ type handle struct {
 	jobPID  int
 	cleanup func()
 	owned   Owned // its listeners found so far (CheckPort)
+	// Sessions beside the job (Exec): through the init's control socket
+	// as the job's user (uid, gid), or, without a sandbox, with the job's
+	// environment and directory.
+	ctl      *ctlConn
+	uid, gid int
+	env      []string
+	dir      string
 
 	mu      sync.Mutex
 	exit    executor.Exit
@@ -243,6 +250,9 @@ func (h *handle) wait() {
 	h.removeCgroup()
 	if h.record != "" {
 		_ = os.Remove(h.record)
+	}
+	if h.ctl != nil {
+		h.ctl.close()
 	}
 	if h.cleanup != nil {
 		h.cleanup()

@@ -94,7 +94,7 @@ func (e *Executor) probe() Delivered {
 
 // runInit runs the job init in probe mode and waits for it.
 func (e *Executor) runInit(flags uintptr, cfg initConfig) error {
-	cmd, st, err := startInit(flags, cfg, nil, -1)
+	cmd, st, err := startInit(flags, cfg, nil, -1, nil)
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,8 @@ func (e *Executor) runInit(flags uintptr, cfg initConfig) error {
 }
 
 // startInit starts the job init with cfg; out takes its output.
-func startInit(flags uintptr, cfg initConfig, out *logBuffer, cgroupFD int) (*exec.Cmd, *initStatus, error) {
+// ctl, when given, becomes its control socket (fd 5).
+func startInit(flags uintptr, cfg initConfig, out *logBuffer, cgroupFD int, ctl *os.File) (*exec.Cmd, *initStatus, error) {
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return nil, nil, err
@@ -126,6 +127,9 @@ func startInit(flags uintptr, cfg initConfig, out *logBuffer, cgroupFD int) (*ex
 	cmd.Args = []string{jobInitArg0}
 	cmd.Env = []string{jobInitEnv + "=1"}
 	cmd.ExtraFiles = []*os.File{cfgR, stW}
+	if ctl != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, ctl)
+	}
 	if out != nil {
 		cmd.Stdout, cmd.Stderr = out, out
 	}
@@ -239,8 +243,18 @@ func (e *Executor) startSandboxed(ctx context.Context, job executor.Job, o JobOp
 	} else if job.Limits.CPUMilli > 0 || job.Limits.MemoryBytes > 0 {
 		fmt.Fprintf(h.logs, "kiln: cgroup limits not applied: no cgroup v2 here\n")
 	}
-	cmd, st, err := startInit(e.nsFlags, cfg, h.logs, fd)
+	initCtl, ctl, err := newCtlPair()
 	if err != nil {
+		h.removeCgroup()
+		cleanup()
+		return nil, fmt.Errorf("process executor: %w", err)
+	}
+	cfg.Control = true
+	h.ctl, h.uid, h.gid = ctl, int(id.uid), int(id.gid)
+	cmd, st, err := startInit(e.nsFlags, cfg, h.logs, fd, initCtl)
+	initCtl.Close()
+	if err != nil {
+		ctl.close()
 		h.removeCgroup()
 		cleanup()
 		return nil, err
@@ -249,6 +263,7 @@ func (e *Executor) startSandboxed(ctx context.Context, job executor.Job, o JobOp
 	if !strings.HasPrefix(first, "started") {
 		_ = cmd.Wait()
 		st.c.Close()
+		ctl.close()
 		h.removeCgroup()
 		cleanup()
 		msg := strings.TrimPrefix(first, "error ")
