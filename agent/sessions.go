@@ -78,7 +78,9 @@ func (a *Agent) serveSession(ctx context.Context, o api.TunnelOrder) {
 		outs.Add(1)
 		go pump(api.FrameStderr, r)
 	}
+	inputDone := make(chan struct{})
 	go func() {
+		defer close(inputDone)
 		if err := sessionInput(st, sess); err != nil {
 			a.log.Debug("session input", "tunnel", o.ID, "err", err)
 		}
@@ -103,6 +105,12 @@ func (a *Agent) serveSession(ctx context.Context, o api.TunnelOrder) {
 	}
 	_ = fw.WriteJSON(api.FrameExit, se)
 	_ = st.CloseWrite()
+	// The server ends the stream once it passed the exit on; closing it
+	// before would reset it, and what is in flight with it.
+	select {
+	case <-inputDone:
+	case <-time.After(5 * time.Second):
+	}
 	a.log.Info("session closed", "tunnel", o.ID, "job", o.JobID, "user", o.Session.User, "code", se.Code, "after", time.Since(started).Round(time.Millisecond))
 }
 

@@ -24,6 +24,9 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 # clang and lld from Debian's LLVM 15.
 [ -x /usr/bin/clang-offload-bundler-15 ] && [ -x /usr/bin/llc-15 ] || need_apt+=(clang-tools-15 llvm-15)
 [ -x /usr/bin/clang-15 ] && [ -x /usr/bin/ld.lld-15 ] || need_apt+=(clang-15 lld-15)
+# The interactive session test (kiln shell, kiln run -it) drives a real
+# terminal: tmux, whose pane it reads.
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 # The API description's linter (Redocly CLI, scripts/openapi.sh) comes from
 # npm and wants Node.js 20.19 or newer.
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)

@@ -207,12 +207,19 @@ func (h *tunnelHub) endJob(job string) {
 
 // close ends the tunnel: both bodies are closed and blocked writes cut,
 // so that both handlers return.
-func (t *tunnel) close(why string) {
+func (t *tunnel) close(why string) { t.closeSparing(why, nil) }
+
+// closeSparing is close, but spare's writer, which no pump uses any more
+// (what it carried ended cleanly), is not cut: its answer ends whole
+// rather than reset.
+func (t *tunnel) closeSparing(why string, spare *tunnelHalf) {
 	t.once.Do(func() {
 		t.why.Store(&why)
 		for _, h := range []*tunnelHalf{t.user, t.agent} {
 			_ = h.body.Close()
-			h.cut()
+			if h != spare {
+				h.cut()
+			}
 		}
 		close(t.done)
 	})
@@ -240,7 +247,11 @@ func (t *tunnel) pump(from, to *tunnelHalf) {
 			}
 		}
 		if err != nil {
-			t.close("the connection was closed")
+			if err == io.EOF {
+				t.closeSparing("the connection was closed", to)
+			} else {
+				t.close("the connection was closed")
+			}
 			return
 		}
 	}

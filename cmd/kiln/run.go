@@ -24,9 +24,9 @@ func newRunCmd() *cobra.Command {
 	var image, leaseID, workdir string
 	var env []string
 	var ports []int
-	var detach bool
+	var detach, stdin, tty bool
 	cmd := &cobra.Command{
-		Use:   "run [--gpus N | --fraction F --mem M | --mig P] [--image REF] -- CMD [ARG...]",
+		Use:   "run [--gpus N | --fraction F --mem M | --mig P] [--image REF] [-i] [-t] -- CMD [ARG...]",
 		Short: "Run a command on leased GPUs and stream its output",
 		Long: `kiln run asks for GPUs, waits for them (showing the queue position and the
 estimated start on a terminal), runs the command on the node that got them with
@@ -42,6 +42,12 @@ time-slicing); KILN_LEASE_ID, KILN_JOB_ID, KILN_RANK and KILN_WORLD_SIZE are set
 Ctrl-C cancels the lease and stops the command. With --lease the command runs in
 a lease you already hold ('kiln lease').
 
+With -t (a terminal: a PTY on the node, resizes, Ctrl-C and Ctrl-D passed to it)
+or -i (this side's input passed), the command runs as a session beside a job
+that holds the lease (sleep infinity), as 'kiln exec' runs one, and the lease
+is cancelled when it ends. With --lease, the session runs beside the lease's
+running job instead.
+
 Exit codes: the command's own, 2 when the lease was refused or the job did not
 end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 		Example: `  kiln run --gpus 1 -- nvidia-smi
@@ -49,15 +55,28 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
   kiln run --fraction 0.5 --mem 20G -- python infer.py
   kiln run --lease l-1a2b3c -- python eval.py
   kiln run --gpus 2 --detach -o json -- ./train.sh
-  kiln run --gpus 1 --port 8000 -d -- python -m http.server 8000   # then: kiln forward LEASE 8000`,
+  kiln run --gpus 1 --port 8000 -d -- python -m http.server 8000   # then: kiln forward LEASE 8000
+  kiln run -it --gpus 1 -- bash                    # a shell on a GPU node, ended with its lease
+  kiln run -it --gpus 2 -- python                  # a REPL with two GPUs`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && image == "" {
 				return &exitError{code: 3, err: errors.New("give a command after --, or an --image")}
 			}
+			session := stdin || tty
+			if session && (detach || image != "" || cf.structured()) {
+				return &exitError{code: 3, err: errors.New("-i/-t run a command on this side's terminal or input: not with --detach, -o json|yaml or --image (image jobs open no sessions yet)")}
+			}
 			c, cfg, err := cf.connect()
 			if err != nil {
 				return err
+			}
+			if session && leaseID != "" {
+				return runSessionCmd(cmd, c, leaseID, sessionFlags{}, args, true, tty, 0)
+			}
+			command := args
+			if session {
+				args = sessionHolder
 			}
 			spec := api.JobSpec{Command: args, Image: image, WorkDir: workdir, Env: map[string]string{}, Ports: ports}
 			for _, kv := range env {
@@ -109,6 +128,17 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 					writeGrantLine(stderr, l)
 				}
 			}
+			if session {
+				// The session runs beside the holder; its end ends the
+				// lease.
+				err := runSessionCmd(cmd, c, l.ID, sessionFlags{job: jobID}, command, true, tty, time.Minute)
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				if _, cerr := c.CancelLease(cctx, l.ID); cerr != nil {
+					fmt.Fprintf(stderr, "kiln: cancelling lease %s: %s\n", printable(l.ID), printable(cerr.Error()))
+				}
+				return err
+			}
 			if detach {
 				return printRun(cmd.OutOrStdout(), cf.format, l, nil)
 			}
@@ -144,6 +174,8 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
 	fl.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE for the job (repeatable)")
 	fl.IntSliceVar(&ports, "port", nil, "a TCP port the job listens on, reached with 'kiln forward' (repeatable)")
 	fl.BoolVarP(&detach, "detach", "d", false, "print the lease and return at once; follow with 'kiln logs -f'")
+	fl.BoolVarP(&stdin, "stdin", "i", false, "pass this side's standard input to the command (runs it as a session, as kiln exec)")
+	fl.BoolVarP(&tty, "tty", "t", false, "run the command on a terminal, this side's (implies -i)")
 	return cmd
 }
 

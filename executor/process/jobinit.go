@@ -87,6 +87,8 @@ func runJobInit() int {
 	}
 	reaped := func(int, syscall.WaitStatus) bool { return false }
 	ended := func() {}
+	// Taken before the job starts, so that the job does not inherit it.
+	sess := openInitSessions(&cfg)
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	prog := cfg.Argv[0]
@@ -108,11 +110,9 @@ func runJobInit() int {
 		return 127
 	}
 	report("started %d", p.Pid)
-	if sess := openInitSessions(&cfg); sess != nil {
-		defer sess.end()
+	if sess != nil {
 		go sess.serve()
-		reaped = sess.reaped
-		ended = sess.end
+		reaped, ended = sess.reaped, sess.end
 	}
 	go func() {
 		for s := range sigs {

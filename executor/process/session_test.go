@@ -3,7 +3,9 @@ package process
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,6 +93,17 @@ func TestExecBesideSandboxedJob(t *testing.T) {
 	jobPID := childOf(t, h.(*handle).cmd.Process.Pid)
 	jobUID, _ := procUID(strconv.Itoa(jobPID))
 	time.Sleep(100 * time.Millisecond) // the job writes its mark
+	// The job holds no descriptor of kiln's: not the init's control
+	// socket, through which sessions start.
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", jobPID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fds {
+		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", jobPID, f.Name())); strings.HasPrefix(l, "socket:") {
+			t.Errorf("the job holds descriptor %s, a socket (%s): the init's control socket leaked to it", f.Name(), l)
+		}
+	}
 	script := `echo uid=$(id -u) setting=$JOB_SETTING agent=${KILN_AGENT_SECRET:-none} term=${TERM:-none}
 cat /tmp/mark
 ls /proc | grep -c '^[0-9]' | sed 's/^/procs=/'
