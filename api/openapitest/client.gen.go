@@ -763,6 +763,37 @@ type Sandbox struct {
 	User            string    `json:"user"`
 }
 
+// SessionOrder a session an agent is asked to open, and who opened it
+type SessionOrder struct {
+	Cols *int `json:"cols,omitempty"`
+
+	// Command the program and its arguments (8 KiB in all); empty runs a shell
+	Command *[]string `json:"command,omitempty"`
+	Rows    *int      `json:"rows,omitempty"`
+
+	// Term the terminal type (TERM) with tty
+	Term *string `json:"term,omitempty"`
+
+	// Tty run it on a terminal (a PTY on the node)
+	Tty  *bool  `json:"tty,omitempty"`
+	User string `json:"user"`
+}
+
+// SessionRequest what a session runs (the payload of its open frame)
+type SessionRequest struct {
+	Cols *int `json:"cols,omitempty"`
+
+	// Command the program and its arguments (8 KiB in all); empty runs a shell
+	Command *[]string `json:"command,omitempty"`
+	Rows    *int      `json:"rows,omitempty"`
+
+	// Term the terminal type (TERM) with tty
+	Term *string `json:"term,omitempty"`
+
+	// Tty run it on a terminal (a PTY on the node)
+	Tty *bool `json:"tty,omitempty"`
+}
+
 // StopOrder stop a job after a grace period
 type StopOrder struct {
 	GraceMs int    `json:"grace_ms"`
@@ -821,11 +852,14 @@ type TokenRequest struct {
 	User *Name `json:"user,omitempty"`
 }
 
-// TunnelOrder an order to an agent to connect to a port of one of its jobs
+// TunnelOrder an order to an agent to connect to a port of one of its jobs, or to open a session beside it
 type TunnelOrder struct {
 	ID    string `json:"id"`
 	JobID string `json:"job_id"`
-	Port  int    `json:"port"`
+	Port  *int   `json:"port,omitempty"`
+
+	// Session a session an agent is asked to open, and who opened it
+	Session *SessionOrder `json:"session,omitempty"`
 }
 
 // User a person or robot with tokens
@@ -954,6 +988,15 @@ type GetLeaseParams struct {
 // ConnectPortParams defines parameters for ConnectPort.
 type ConnectPortParams struct {
 	// Job the job (default the newest that declares the port)
+	Job *string `form:"job,omitempty" json:"job,omitempty"`
+
+	// Rank the task of a gang job (default 0)
+	Rank *int `form:"rank,omitempty" json:"rank,omitempty"`
+}
+
+// OpenSessionParams defines parameters for OpenSession.
+type OpenSessionParams struct {
+	// Job the job (default the newest running one)
 	Job *string `form:"job,omitempty" json:"job,omitempty"`
 
 	// Rank the task of a gang job (default 0)
@@ -1391,6 +1434,29 @@ type ClientInterface interface {
 	//
 	// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
 	ProxyPortPutWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenSessionWithBody Run a command beside a running job of the lease (kiln exec, kiln shell)
+	//
+	// A full-duplex stream (HTTP/2) of session frames: a kind byte, the
+	// payload's length (4 bytes, big-endian, at most 65536) and the
+	// payload. The caller's first frame is an open frame ('O') whose
+	// payload is a SessionRequest as JSON, read within 10 seconds; then
+	// input ('i'), end of input ('c'), terminal sizes ('r': rows and
+	// columns, 2 bytes each) and signals ('s': INT, TERM, HUP or QUIT).
+	// The answer carries output ('o'), error output ('e', without a
+	// terminal) and, last, the exit ('x', JSON: code, signal, and reason
+	// when kiln ended it) or why
+	// there is none ('!', text). The command runs on the node of the
+	// task of ?rank= (0) of the newest running job, or ?job=, as the
+	// job's user with its environment, directory, namespaces and limits.
+	// Only the lease's owner and admins open sessions; each is recorded
+	// in the lease's events (session.opened, session.closed with how it
+	// ended), never what it carries.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/leases/{id}/sessions (the `OpenSession` operationId).
+	OpenSessionWithBody(ctx context.Context, id LeaseID, params *OpenSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListNodes Nodes and their devices
 	//
@@ -2167,6 +2233,39 @@ func (c *Client) ProxyPortPostWithBody(ctx context.Context, id LeaseID, port Por
 // Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
 func (c *Client) ProxyPortPutWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewProxyPortPutRequestWithBody(c.Server, id, port, path, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenSessionWithBody Run a command beside a running job of the lease (kiln exec, kiln shell)
+//
+// A full-duplex stream (HTTP/2) of session frames: a kind byte, the
+// payload's length (4 bytes, big-endian, at most 65536) and the
+// payload. The caller's first frame is an open frame ('O') whose
+// payload is a SessionRequest as JSON, read within 10 seconds; then
+// input ('i'), end of input ('c'), terminal sizes ('r': rows and
+// columns, 2 bytes each) and signals ('s': INT, TERM, HUP or QUIT).
+// The answer carries output ('o'), error output ('e', without a
+// terminal) and, last, the exit ('x', JSON: code, signal, and reason
+// when kiln ended it) or why
+// there is none ('!', text). The command runs on the node of the
+// task of ?rank= (0) of the newest running job, or ?job=, as the
+// job's user with its environment, directory, namespaces and limits.
+// Only the lease's owner and admins open sessions; each is recorded
+// in the lease's events (session.opened, session.closed with how it
+// ended), never what it carries.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/leases/{id}/sessions (the `OpenSession` operationId).
+func (c *Client) OpenSessionWithBody(ctx context.Context, id LeaseID, params *OpenSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenSessionRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3728,6 +3827,81 @@ func NewProxyPortPutRequestWithBody(server string, id LeaseID, port Port, path P
 	return req, nil
 }
 
+// NewOpenSessionRequestWithBody constructs an http.Request for the OpenSession method, with any body, and a specified content type
+func NewOpenSessionRequestWithBody(server string, id LeaseID, params *OpenSessionParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/sessions", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Job != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "job", *params.Job, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Rank != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "rank", *params.Rank, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewListNodesRequest constructs an http.Request for the ListNodes method
 func NewListNodesRequest(server string) (*http.Request, error) {
 	var err error
@@ -4564,6 +4738,29 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
 	ProxyPortPutWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPutResponse, error)
+
+	// OpenSessionWithBodyWithResponse Run a command beside a running job of the lease (kiln exec, kiln shell)
+	//
+	// A full-duplex stream (HTTP/2) of session frames: a kind byte, the
+	// payload's length (4 bytes, big-endian, at most 65536) and the
+	// payload. The caller's first frame is an open frame ('O') whose
+	// payload is a SessionRequest as JSON, read within 10 seconds; then
+	// input ('i'), end of input ('c'), terminal sizes ('r': rows and
+	// columns, 2 bytes each) and signals ('s': INT, TERM, HUP or QUIT).
+	// The answer carries output ('o'), error output ('e', without a
+	// terminal) and, last, the exit ('x', JSON: code, signal, and reason
+	// when kiln ended it) or why
+	// there is none ('!', text). The command runs on the node of the
+	// task of ?rank= (0) of the newest running job, or ?job=, as the
+	// job's user with its environment, directory, namespaces and limits.
+	// Only the lease's owner and admins open sessions; each is recorded
+	// in the lease's events (session.opened, session.closed with how it
+	// ended), never what it carries.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/leases/{id}/sessions (the `OpenSession` operationId).
+	OpenSessionWithBodyWithResponse(ctx context.Context, id LeaseID, params *OpenSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenSessionResponse, error)
 
 	// ListNodesWithResponse Nodes and their devices
 	//
@@ -7082,6 +7279,124 @@ func (r ProxyPortPutResponse) ContentType() string {
 	return ""
 }
 
+// OpenSessionResponse200Headers the declared response headers of an HTTP 200 response for OpenSession
+type OpenSessionResponse200Headers struct {
+	XKilnTunnel *string
+}
+
+// OpenSessionResponse429Headers the declared response headers of an HTTP 429 response for OpenSession
+type OpenSessionResponse429Headers struct {
+	RetryAfter *int
+}
+
+type OpenSessionResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// JSON504 the response for an HTTP 504 `application/json` response
+	JSON504 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *OpenSessionResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *OpenSessionResponse429Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r OpenSessionResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r OpenSessionResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r OpenSessionResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r OpenSessionResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r OpenSessionResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r OpenSessionResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r OpenSessionResponse) GetJSON502() *Error {
+	return r.JSON502
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r OpenSessionResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetJSON504 returns the response for an HTTP 504 `application/json` response
+func (r OpenSessionResponse) GetJSON504() *Error {
+	return r.JSON504
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r OpenSessionResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r OpenSessionResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OpenSessionResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OpenSessionResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OpenSessionResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListNodesResponse429Headers the declared response headers of an HTTP 429 response for ListNodes
 type ListNodesResponse429Headers struct {
 	RetryAfter *int
@@ -8820,6 +9135,35 @@ func (c *ClientWithResponses) ProxyPortPutWithBodyWithResponse(ctx context.Conte
 		return nil, err
 	}
 	return ParseProxyPortPutResponse(rsp)
+}
+
+// OpenSessionWithBodyWithResponse Run a command beside a running job of the lease (kiln exec, kiln shell)
+//
+// A full-duplex stream (HTTP/2) of session frames: a kind byte, the
+// payload's length (4 bytes, big-endian, at most 65536) and the
+// payload. The caller's first frame is an open frame ('O') whose
+// payload is a SessionRequest as JSON, read within 10 seconds; then
+// input ('i'), end of input ('c'), terminal sizes ('r': rows and
+// columns, 2 bytes each) and signals ('s': INT, TERM, HUP or QUIT).
+// The answer carries output ('o'), error output ('e', without a
+// terminal) and, last, the exit ('x', JSON: code, signal, and reason
+// when kiln ended it) or why
+// there is none ('!', text). The command runs on the node of the
+// task of ?rank= (0) of the newest running job, or ?job=, as the
+// job's user with its environment, directory, namespaces and limits.
+// Only the lease's owner and admins open sessions; each is recorded
+// in the lease's events (session.opened, session.closed with how it
+// ended), never what it carries.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/leases/{id}/sessions (the `OpenSession` operationId).
+func (c *ClientWithResponses) OpenSessionWithBodyWithResponse(ctx context.Context, id LeaseID, params *OpenSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenSessionResponse, error) {
+	rsp, err := c.OpenSessionWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenSessionResponse(rsp)
 }
 
 // ListNodesWithResponse Nodes and their devices
@@ -11157,6 +11501,118 @@ func ParseProxyPortPutResponse(rsp *http.Response) (*ProxyPortPutResponse, error
 		}
 		response.JSONDefault = &dest
 
+	}
+
+	return response, nil
+}
+
+// ParseOpenSessionResponse parses an HTTP response from a OpenSessionWithResponse call
+func ParseOpenSessionResponse(rsp *http.Response) (*OpenSessionResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &OpenSessionResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 504:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON504 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers OpenSessionResponse200Headers
+		if values := rsp.Header.Values("X-Kiln-Tunnel"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Kiln-Tunnel", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XKilnTunnel = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers OpenSessionResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
