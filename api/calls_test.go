@@ -386,10 +386,12 @@ func TestTypedCalls(t *testing.T) {
 // which this recorder (HTTP/1.1, bodies read whole) cannot answer, and
 // the HTTP path to a job's port, which any HTTP client calls: server's
 // TestTunnels reaches each through the typed methods (ConnectPort,
-// TunnelOrders, AcceptTunnel, RefuseTunnel) and net/http.
+// TunnelOrders, AcceptTunnel, RefuseTunnel) and net/http, and its
+// TestSessions reaches the sessions route through OpenSession.
 func streamed(route string) bool {
 	_, path, _ := strings.Cut(route, " ")
-	return (strings.HasPrefix(path, "/v1/leases/{id}/ports/") && !strings.HasSuffix(path, "/browser")) || strings.HasPrefix(path, "/v1/agent/nodes/{node}/tunnels")
+	return (strings.HasPrefix(path, "/v1/leases/{id}/ports/") && !strings.HasSuffix(path, "/browser")) || strings.HasPrefix(path, "/v1/agent/nodes/{node}/tunnels") ||
+		path == "/v1/leases/{id}/sessions"
 }
 
 // idCalls are the methods that put an id in the path, with the route and
