@@ -68,6 +68,7 @@ func (s *Server) flush(b *lease.Changes) (uint64, error) {
 	for _, id := range b.Ended {
 		s.logs.done(id)
 		s.tunnels.endJob(id)
+		s.proxies.endJob(id)
 	}
 	s.notify()
 	return seq, nil

@@ -8,6 +8,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"kiln.dev/kiln/textsafe"
@@ -49,20 +50,75 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 			pr.Out.Header.Del("Authorization")
 			stripKilnCookies(pr.Out.Header)
 		},
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return s.dialJobPort(ctx, node, job, port)
-			},
-			DisableKeepAlives:      true, // a tunnel a request: the job's end closes them
-			ResponseHeaderTimeout:  5 * time.Minute,
-			MaxResponseHeaderBytes: 1 << 20,
-		},
+		Transport:     s.proxies.transport(s, proxyKey{user: c.user.ID, node: node, job: job, port: port}),
 		FlushInterval: -1, // streamed answers go out as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeErr(w, http.StatusBadGateway, fmt.Errorf("port %d of job %s on node %s: %w", port, job, node, err))
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// proxyKey is what a kept-alive connection to a job's port is kept for:
+// one user's requests to one port of one job. Users never share one.
+type proxyKey struct {
+	user, node, job string
+	port            int
+}
+
+// proxyPool keeps a transport per proxyKey, so that the HTTP path's
+// requests reuse their tunnels (each new one costs an order to the agent
+// and a dial on the node). Every request is still authorised on its own
+// before it is given a connection. A job's end drops its transports;
+// its tunnels are closed by the tunnel hub.
+type proxyPool struct {
+	mu sync.Mutex
+	m  map[proxyKey]*http.Transport
+}
+
+// Pooled connections to jobs' ports.
+const (
+	proxyIdleConns   = 128              // kept-alive tunnels per key (of maxTunnelsPerJob)
+	proxyIdleTimeout = 90 * time.Second // an idle one is closed after
+)
+
+func (p *proxyPool) transport(s *Server, k proxyKey) *http.Transport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t := p.m[k]; t != nil {
+		return t
+	}
+	t := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return s.dialJobPort(ctx, k.node, k.job, k.port)
+		},
+		MaxIdleConnsPerHost:    proxyIdleConns,
+		IdleConnTimeout:        proxyIdleTimeout,
+		ResponseHeaderTimeout:  5 * time.Minute,
+		MaxResponseHeaderBytes: 1 << 20,
+	}
+	if p.m == nil {
+		p.m = map[proxyKey]*http.Transport{}
+	}
+	p.m[k] = t
+	return t
+}
+
+// endJob drops the transports of a job that ended and closes their idle
+// connections.
+func (p *proxyPool) endJob(job string) {
+	p.mu.Lock()
+	var ended []*http.Transport
+	for k, t := range p.m {
+		if k.job == job {
+			ended = append(ended, t)
+			delete(p.m, k)
+		}
+	}
+	p.mu.Unlock()
+	for _, t := range ended {
+		go t.CloseIdleConnections()
+	}
 }
 
 // stripKilnCookies removes kiln's own cookies from a request the job gets.

@@ -166,6 +166,7 @@ type Server struct {
 	// tunnels carry users' connections to their jobs' ports; closing is
 	// closed when the server stops, which ends them.
 	tunnels      *tunnelHub
+	proxies      proxyPool // the HTTP path's kept-alive tunnels
 	portSessions *portSessions
 	closing      chan struct{}
 	closeOnce    sync.Once

@@ -25,7 +25,7 @@ import (
 //     through a tunnel (what kiln forward carries), with 1 and 100
 //     connections at once: p50 and p99 of the time added;
 //   - http: a small GET, direct (kept-alive) and through the server's HTTP
-//     path (a tunnel a request): p50 and p99 added, 1 and 100 at once;
+//     path (its tunnels kept alive): p50 and p99 added, 1 and 100 at once;
 //   - MB/s: 1 GiB each way through the echo, direct and through a tunnel,
 //     and the tunnel's share of direct.
 //

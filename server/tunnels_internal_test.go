@@ -39,3 +39,27 @@ func TestEndJobClosesItsTunnels(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 }
+
+// TestProxyPoolEndJob: a job's end drops every transport kept for it,
+// whoever used it, and keeps the others'; a key is one user's.
+func TestProxyPoolEndJob(t *testing.T) {
+	var p proxyPool
+	s := &Server{}
+	a1 := p.transport(s, proxyKey{user: "u-a", node: "n1", job: "j-1", port: 80})
+	if again := p.transport(s, proxyKey{user: "u-a", node: "n1", job: "j-1", port: 80}); again != a1 {
+		t.Error("one key got two transports")
+	}
+	if b1 := p.transport(s, proxyKey{user: "u-b", node: "n1", job: "j-1", port: 80}); b1 == a1 {
+		t.Error("two users share a transport")
+	}
+	p.transport(s, proxyKey{user: "u-a", node: "n1", job: "j-2", port: 80})
+	p.endJob("j-1")
+	if len(p.m) != 1 {
+		t.Fatalf("%d transports kept after j-1 ended, want 1 (j-2's)", len(p.m))
+	}
+	for k := range p.m {
+		if k.job != "j-2" {
+			t.Errorf("kept %+v", k)
+		}
+	}
+}

@@ -143,12 +143,24 @@ func TestTunnels(t *testing.T) {
 	if code, body := get(alice, "/a/b?q=1"); code != 200 || !strings.Contains(body, tunneltest.Page+"/a/b") {
 		t.Errorf("GET through the HTTP path: %d %q", code, body)
 	}
-	// Many requests, each on a tunnel of its own that the job's server
-	// closes after answering: none loses its answer.
+	// Many requests on kept-alive tunnels: none loses its answer.
 	for i := range 50 {
 		if code, body := get(alice, "/n"+strconv.Itoa(i)); code != 200 || !strings.Contains(body, tunneltest.Page+"/n"+strconv.Itoa(i)) {
 			t.Fatalf("request %d through the HTTP path: %d %q", i, code, body)
 		}
+	}
+	// One user's requests in turn reuse one tunnel; another caller (an
+	// admin) never gets that user's connection.
+	peers := map[string]bool{}
+	for range 5 {
+		_, p := get(alice, "/peer")
+		peers[p] = true
+	}
+	if len(peers) != 1 {
+		t.Errorf("5 requests in turn came on %d connections, want 1 kept alive: %v", len(peers), peers)
+	}
+	if code, p := get(c.admin, "/peer"); code != 200 || peers[p] {
+		t.Errorf("an admin's request: %d on %q, alice's connections %v", code, p, peers)
 	}
 	code, hdrs := get(alice, "/headers")
 	if code != 200 || strings.Contains(hdrs, alice.Token) || strings.Contains(hdrs, "kiln_session") || !strings.Contains(hdrs, "app=kept") ||

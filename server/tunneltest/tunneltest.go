@@ -59,6 +59,10 @@ func Serve() error {
 	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) {
 		_ = r.Header.Write(w)
 	})
+	// The connection a request came on (the agent's end of it).
+	mux.HandleFunc("/peer", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, r.RemoteAddr)
+	})
 	mux.Handle("/ws", websocket.Handler(func(c *websocket.Conn) { _, _ = io.Copy(c, c) }))
 	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
