@@ -351,3 +351,80 @@ func (streamConn) SetDeadline(time.Time) error      { return nil }
 func (streamConn) SetReadDeadline(time.Time) error  { return nil }
 func (streamConn) SetWriteDeadline(time.Time) error { return nil }
 func (s streamConn) String() string                 { return strconv.Quote("tunnel") }
+
+// TestTunnelIdle: a connection that carries bytes outlives the idle time;
+// one that carries nothing for longer is closed by the server, and the
+// HTTP path's kept-alive tunnels closed that way are replaced unseen.
+func TestTunnelIdle(t *testing.T) {
+	const idle = 400 * time.Millisecond
+	c := newCluster(t, server.Config{TunnelIdle: idle})
+	c.addAgent("n1", machines(t)["pcie"], nil, 200*time.Millisecond)
+	c.waitNodes(1)
+	alice := c.user("alice", "default")
+	echoPort, httpPort := tcpPort(t), tcpPort(t)
+	ctx := context.Background()
+	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{
+		Command: []string{os.Args[0], "-test.run=^TestHelperPortServer$"},
+		Env:     map[string]string{tunneltest.Env: fmt.Sprintf("%d,%d", echoPort, httpPort)},
+		Ports:   []int{echoPort, httpPort}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st *api.Stream
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st = connectWhenUp(t, alice, l.ID, echoPort)
+		if tunneltest.CheckEcho(st, 4) == nil {
+			break
+		}
+		st.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the job's echo did not answer")
+		}
+	}
+	defer st.Close()
+	// Busy for three idle times: still open.
+	var quiet time.Time // before the last bytes
+	for start := time.Now(); time.Since(start) < 3*idle; time.Sleep(idle / 4) {
+		quiet = time.Now()
+		if err := tunneltest.CheckEcho(st, 64); err != nil {
+			t.Fatalf("a busy connection after %s: %v", time.Since(start).Round(time.Millisecond), err)
+		}
+	}
+	// Then silent: closed after the idle time, not before.
+	ended := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, st)
+		ended <- err
+	}()
+	select {
+	case <-ended:
+		if d := time.Since(quiet); d < idle {
+			t.Errorf("a silent connection was closed after %s, before the idle time %s", d, idle)
+		}
+	case <-time.After(10 * idle):
+		t.Fatalf("a connection silent for %s is still open (idle time %s)", 10*idle, idle)
+	}
+
+	// The HTTP path: a kept-alive tunnel outlives its idle time on the
+	// server's side only; the next request gets a new one.
+	path := fmt.Sprintf("%s/v1/leases/%s/ports/%d/http/peer", c.url, l.ID, httpPort)
+	get := func() string {
+		req, _ := http.NewRequest("GET", path, nil)
+		req.Header.Set("Authorization", "Bearer "+alice.Token)
+		resp, err := alice.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	first := get()
+	time.Sleep(3 * idle)
+	if again := get(); again == first {
+		t.Errorf("after %s idle the request came on the same connection %q", 3*idle, first)
+	}
+}
