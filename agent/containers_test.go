@@ -128,6 +128,60 @@ func TestImageJobThroughServer(t *testing.T) {
 	if j.ExitCode == nil || *j.ExitCode != 3 || l.State != api.LeaseDone {
 		t.Errorf("job ended %s with code %v, lease %s (%s); want exit 3 (jobprog report), lease done", j.State, j.ExitCode, l.State, l.Reason)
 	}
+
+	// kiln exec in a container job: the command runs in the job's
+	// container as its user, with its environment; input passed, exit
+	// code returned.
+	run = exec.Command(bin, "run", "--gpus", "1", "--image", ref, "--detach", "-o", "json", "--", "/jobprog", "wait")
+	run.Env = env
+	if out, err = run.Output(); err != nil {
+		t.Fatalf("kiln run --image: %v\n%s", err, out)
+	}
+	if err := json.Unmarshal(out, &rec); err != nil || rec.Lease.ID == "" {
+		t.Fatalf("kiln run -o json: %v\n%s", err, out)
+	}
+	held := rec.Lease.ID
+	defer func() {
+		c := exec.Command(bin, "cancel", held)
+		c.Env = env
+		_ = c.Run()
+	}()
+	var sessOut []byte
+	var code int
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		sess := exec.Command(bin, "exec", held, "-i", "--", "/jobprog", "session")
+		sess.Env = env
+		sess.Stdin = strings.NewReader("hello\nexit 5\n")
+		var serr bytes.Buffer
+		sess.Stderr = &serr
+		sessOut, err = sess.Output()
+		code = sess.ProcessState.ExitCode()
+		if code == 5 || time.Now().After(deadline) {
+			if code != 5 {
+				t.Fatalf("kiln exec in a container job: exit %d (%v)\n%s\n%s", code, err, sessOut, serr.String())
+			}
+			break
+		}
+	}
+	for _, want := range []string{"uid 65534 gid 65534", "env KILN_TEST_VALUE=", "tty no", "got hello"} {
+		if !strings.Contains(string(sessOut), want+"\n") {
+			t.Errorf("kiln exec's output lacks %q:\n%s", want, sessOut)
+		}
+	}
+	if !strings.Contains(string(sessOut), "proc-cgroup ") || !strings.Contains(string(sessOut), "/kiln/") {
+		t.Errorf("kiln exec's command is not in the job's cgroup:\n%s", sessOut)
+	}
+
+	// kiln run -i with an image that cannot run the holder (no sleep in
+	// it): the job's end is said at once, not waited out.
+	began := time.Now()
+	ri := exec.Command(bin, "run", "-i", "--gpus", "1", "--image", ref, "--", "/jobprog", "session")
+	ri.Env = env
+	ri.Stdin = strings.NewReader("")
+	riOut, err := ri.CombinedOutput()
+	if err == nil || !strings.Contains(string(riOut), "before the session opened") || time.Since(began) > 45*time.Second {
+		t.Errorf("kiln run -i with an image without sleep: %v after %s\n%s", err, time.Since(began).Round(time.Second), riOut)
+	}
 }
 
 func buildKiln(t *testing.T) string {

@@ -7,6 +7,8 @@ package executor
 import (
 	"context"
 	"io"
+	"strings"
+	"syscall"
 	"time"
 )
 
@@ -134,6 +136,24 @@ type Session interface {
 	Wait(ctx context.Context) (Exit, error)
 	// Close ends it (SIGKILL) if it still runs and frees its terminal.
 	Close() error
+}
+
+// SignalNamed is the signal a Session's Signal takes by name ("INT" or
+// "SIGINT", any case): INT, TERM, HUP, QUIT and KILL.
+func SignalNamed(name string) (syscall.Signal, bool) {
+	switch strings.TrimPrefix(strings.ToUpper(name), "SIG") {
+	case "INT":
+		return syscall.SIGINT, true
+	case "TERM":
+		return syscall.SIGTERM, true
+	case "HUP":
+		return syscall.SIGHUP, true
+	case "QUIT":
+		return syscall.SIGQUIT, true
+	case "KILL":
+		return syscall.SIGKILL, true
+	}
+	return 0, false
 }
 
 // Execer is a job handle that runs commands beside its job.

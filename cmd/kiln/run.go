@@ -44,8 +44,9 @@ a lease you already hold ('kiln lease').
 
 With -t (a terminal: a PTY on the node, resizes, Ctrl-C and Ctrl-D passed to it)
 or -i (this side's input passed), the command runs as a session beside a job
-that holds the lease (sleep infinity), as 'kiln exec' runs one, and the lease
-is cancelled when it ends. With --lease, the session runs beside the lease's
+that holds the lease (sleep infinity; with --image the image needs sleep, as any
+with coreutils or busybox has), as 'kiln exec' runs one, and the lease is
+cancelled when it ends. With --lease, the session runs beside the lease's
 running job instead.
 
 Exit codes: the command's own, 2 when the lease was refused or the job did not
@@ -57,15 +58,16 @@ end by itself (preempted, expired, lost), 3 when kiln could not ask.`,
   kiln run --gpus 2 --detach -o json -- ./train.sh
   kiln run --gpus 1 --port 8000 -d -- python -m http.server 8000   # then: kiln forward LEASE 8000
   kiln run -it --gpus 1 -- bash                    # a shell on a GPU node, ended with its lease
-  kiln run -it --gpus 2 -- python                  # a REPL with two GPUs`,
+  kiln run -it --gpus 2 -- python                  # a REPL with two GPUs
+  kiln run -it --image nvcr.io/nvidia/pytorch:24.05-py3 -- bash   # a shell in a container`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && image == "" {
 				return &exitError{code: 3, err: errors.New("give a command after --, or an --image")}
 			}
 			session := stdin || tty
-			if session && (detach || image != "" || cf.structured()) {
-				return &exitError{code: 3, err: errors.New("-i/-t run a command on this side's terminal or input: not with --detach, -o json|yaml or --image (image jobs open no sessions yet)")}
+			if session && (detach || cf.structured()) {
+				return &exitError{code: 3, err: errors.New("-i/-t run a command on this side's terminal or input: not with --detach or -o json|yaml")}
 			}
 			c, cfg, err := cf.connect()
 			if err != nil {

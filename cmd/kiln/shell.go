@@ -210,7 +210,8 @@ func runSessionCmd(cmd *cobra.Command, c *api.Client, lease string, sf sessionFl
 }
 
 // sessionHolder is the job kiln run -i/-t starts to hold its lease while
-// the session runs beside it.
+// the session runs beside it (with --image, the image must have sleep:
+// coreutils or busybox).
 var sessionHolder = []string{"sleep", "infinity"}
 
 // openSessionWhenUp opens a session, waiting up to wait while the lease's
@@ -221,6 +222,20 @@ func openSessionWhenUp(ctx context.Context, c *api.Client, lease string, sf sess
 		st, fw, err := c.OpenSession(ctx, lease, sf.job, sf.rank, req)
 		if err == nil || api.StatusOf(err) != http.StatusConflict || time.Now().After(deadline) {
 			return st, fw, err
+		}
+		// The job it waits for ended (a holder the image cannot run):
+		// waiting more opens nothing.
+		if sf.job != "" {
+			if j, jerr := c.GetJob(ctx, sf.job); jerr == nil && api.JobFinal(j.State) {
+				why := j.State
+				if j.ExitCode != nil {
+					why += fmt.Sprintf(", exit code %d", *j.ExitCode)
+				}
+				if j.Reason != "" {
+					why += ": " + j.Reason
+				}
+				return nil, nil, fmt.Errorf("job %s ended (%s) before the session opened; its output: kiln logs %s", j.ID, why, j.ID)
+			}
 		}
 		if !sleepCtx(ctx, 200*time.Millisecond) {
 			return nil, nil, ctx.Err()

@@ -25,6 +25,8 @@ type handle struct {
 	logFile *os.File // the job's output is appended here until it ends
 	poll    time.Duration
 	task    client.Task
+	ctr     client.Container // its container (sessions read its spec)
+	fifoDir string           // where sessions' FIFOs are made
 	done    chan struct{}
 	owned   process.Owned // its listeners found so far (CheckPort)
 

@@ -97,6 +97,43 @@ func cgroupValue(t *testing.T, pid uint32, controller, v1, v2 string) string {
 	return ""
 }
 
+// lines sends r's lines, without their ends and a terminal's CR, until
+// r ends.
+func lines(r io.Reader) <-chan string {
+	ch := make(chan string, 256)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			ch <- strings.TrimRight(sc.Text(), "\r")
+		}
+	}()
+	return ch
+}
+
+// expectLine reads ch until a line equals want, within 20 s, and returns
+// the lines before it.
+func expectLine(t *testing.T, ch <-chan string, want string) []string {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	var seen []string
+	for {
+		select {
+		case l, ok := <-ch:
+			if !ok {
+				t.Fatalf("output ended without %q; it was %q", want, seen)
+			}
+			// A terminal echoes a typed Ctrl-C as ^C before what follows.
+			if strings.TrimPrefix(l, "^C") == want {
+				return seen
+			}
+			seen = append(seen, l)
+		case <-timeout:
+			t.Fatalf("no %q within 20 s; output %q", want, seen)
+		}
+	}
+}
+
 // readUntil reads r until a line equals want.
 func readUntil(t *testing.T, r io.Reader, want string) {
 	t.Helper()
@@ -274,6 +311,140 @@ func TestContainerJobsEndToEnd(t *testing.T) {
 		}
 		if err := h.Stop(ctx, time.Second); err != nil {
 			t.Errorf("Stop after the end: %v", err)
+		}
+	})
+
+	t.Run("sessions", func(t *testing.T) {
+		h, err := ex.Start(ctx, executor.Job{ID: "job-sessions", Image: ref, Command: []string{"/jobprog", "wait"},
+			Env: map[string]string{"KILN_TEST_VALUE": "v1"}, WorkDir: "/tmp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		logs := h.Logs()
+		defer logs.Close()
+		readUntil(t, logs, "ready")
+		execer, ok := h.(executor.Execer)
+		if !ok {
+			t.Fatal("a container job's handle opens no sessions")
+		}
+
+		// Pipes: the job's user, directory, environment and cgroup; input
+		// answered, stderr apart, SIGINT, the exit code.
+		s, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "session"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		out := lines(s.Stdout())
+		errs := lines(s.Stderr())
+		var before []string
+		for _, want := range []string{"uid 65534 gid 65534", "cwd /tmp", "env KILN_TEST_VALUE=v1", "tty no"} {
+			before = append(before, expectLine(t, out, want)...)
+		}
+		if !slices.ContainsFunc(before, func(l string) bool {
+			return strings.HasPrefix(l, "proc-cgroup ") && strings.Contains(l, "/kiln/job-sessions")
+		}) {
+			t.Errorf("the session does not run in its job's cgroup /kiln/job-sessions: %q", before)
+		}
+		fmt.Fprintln(s.Stdin(), "hello")
+		expectLine(t, out, "got hello")
+		fmt.Fprintln(s.Stdin(), "stderr oops")
+		expectLine(t, errs, "oops")
+		fmt.Fprintln(s.Stdin(), "sleep")
+		expectLine(t, out, "sleeping")
+		if err := s.Signal("INT"); err != nil {
+			t.Fatal(err)
+		}
+		expectLine(t, out, "interrupted")
+		if ex, err := s.Wait(ctx); err != nil || ex.Code != 130 {
+			t.Errorf("session after SIGINT: %+v %v, want code 130", ex, err)
+		}
+
+		// The end of input reaches the command.
+		s2, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "session"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s2.Close()
+		out2 := lines(s2.Stdout())
+		fmt.Fprintln(s2.Stdin(), "last line")
+		if err := s2.Stdin().Close(); err != nil {
+			t.Fatal(err)
+		}
+		expectLine(t, out2, "got last line")
+		expectLine(t, out2, "eof")
+		if ex, err := s2.Wait(ctx); err != nil || ex.Code != 0 {
+			t.Errorf("session after its input ended: %+v %v, want code 0", ex, err)
+		}
+
+		// A terminal of the size asked, resized, TERM set, Ctrl-C typed.
+		tty, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "session"}, TTY: true, Rows: 30, Cols: 100, Term: "screen"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tty.Close()
+		if tty.Stderr() != nil {
+			t.Error("a terminal session has a separate stderr")
+		}
+		tout := lines(tty.Stdout())
+		for _, want := range []string{"term screen", "tty yes", "size 30 100"} {
+			expectLine(t, tout, want)
+		}
+		if err := tty.Resize(40, 120); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprint(tty.Stdin(), "size\r")
+		expectLine(t, tout, "size 40 120")
+		fmt.Fprint(tty.Stdin(), "sleep\r")
+		expectLine(t, tout, "sleeping")
+		if _, err := tty.Stdin().Write([]byte{3}); err != nil {
+			t.Fatal(err)
+		}
+		expectLine(t, tout, "interrupted")
+		if ex, err := tty.Wait(ctx); err != nil || ex.Code != 130 {
+			t.Errorf("terminal session after Ctrl-C: %+v %v, want code 130", ex, err)
+		}
+		tty2, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "session"}, TTY: true, Rows: 24, Cols: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tty2.Close()
+		tout2 := lines(tty2.Stdout())
+		expectLine(t, tout2, "size 24 80")
+		fmt.Fprint(tty2.Stdin(), "exit 7\r")
+		if ex, err := tty2.Wait(ctx); err != nil || ex.Code != 7 {
+			t.Errorf("terminal session's exit: %+v %v, want code 7", ex, err)
+		}
+
+		// A program the image lacks is refused with its name; bad
+		// arguments never reach containerd.
+		if _, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/no-such-program"}}); err == nil || !strings.Contains(err.Error(), "/no-such-program") {
+			t.Errorf("a session of a missing program: %v", err)
+		}
+		if _, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "a\x00b"}}); err == nil {
+			t.Error("an argument with a NUL byte was taken")
+		}
+
+		// The job's end ends its sessions.
+		s3, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "session"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s3.Close()
+		expectLine(t, lines(s3.Stdout()), "tty no")
+		if err := h.Stop(ctx, 300*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		if _, err := s3.Wait(wctx); err != nil {
+			t.Errorf("a session outlived its job: %v", err)
+		}
+		if _, err := h.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "session"}}); err == nil {
+			t.Error("a session opened beside a job that ended")
 		}
 	})
 

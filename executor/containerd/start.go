@@ -97,6 +97,8 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 		logFile: logFile,
 		poll:    e.cfg.PollInterval,
 		task:    task,
+		ctr:     ctr,
+		fifoDir: filepath.Join(e.cfg.LogDir, "fifo"),
 		done:    make(chan struct{}),
 	}
 	go h.watch(bg, e, ctr, exitCh)

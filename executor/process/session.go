@@ -212,7 +212,7 @@ func (s *procSession) Resize(rows, cols uint16) error {
 
 // Signal implements executor.Session.
 func (s *procSession) Signal(name string) error {
-	sig, ok := signalNamed(name)
+	sig, ok := executor.SignalNamed(name)
 	if !ok {
 		return fmt.Errorf("signal %q: want one of INT, TERM, HUP, QUIT, KILL", name)
 	}
@@ -245,22 +245,6 @@ func (s *procSession) Close() error {
 		c.Close()
 	}
 	return nil
-}
-
-func signalNamed(name string) (syscall.Signal, bool) {
-	switch strings.TrimPrefix(strings.ToUpper(name), "SIG") {
-	case "INT":
-		return syscall.SIGINT, true
-	case "TERM":
-		return syscall.SIGTERM, true
-	case "HUP":
-		return syscall.SIGHUP, true
-	case "QUIT":
-		return syscall.SIGQUIT, true
-	case "KILL":
-		return syscall.SIGKILL, true
-	}
-	return 0, false
 }
 
 // ttyReader reads a terminal's master side: EIO, which Linux gives once

@@ -5,16 +5,23 @@
 //	                what each PATH is, its cgroups; exit 3
 //	trap            print "ready", exit 0 on SIGTERM
 //	wait            ignore SIGTERM, print "ready", sleep until killed
+//	session         print who and where it runs and whether on a
+//	                terminal (and its size), then answer lines of input:
+//	                "size", "stderr TEXT", "sleep" (until SIGINT: exit 130),
+//	                "exit N", anything else "got LINE"; "eof" at its end
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 func main() {
@@ -38,6 +45,8 @@ func main() {
 		for {
 			time.Sleep(time.Hour)
 		}
+	case "session":
+		session()
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)
@@ -77,4 +86,52 @@ func report(paths []string) {
 	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
 		fmt.Print("proc-cgroup ", strings.ReplaceAll(string(b), "\n", " | "), "\n")
 	}
+}
+
+func session() {
+	wd, _ := os.Getwd()
+	fmt.Printf("uid %d gid %d\n", os.Getuid(), os.Getgid())
+	fmt.Println("cwd", wd)
+	fmt.Println("env KILN_TEST_VALUE=" + os.Getenv("KILN_TEST_VALUE"))
+	fmt.Println("term", os.Getenv("TERM"))
+	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		fmt.Print("proc-cgroup ", strings.ReplaceAll(string(b), "\n", " | "), "\n")
+	}
+	if rows, cols, ok := winSize(); ok {
+		fmt.Println("tty yes")
+		fmt.Println("size", rows, cols)
+	} else {
+		fmt.Println("tty no")
+	}
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "size":
+			rows, cols, _ := winSize()
+			fmt.Println("size", rows, cols)
+		case strings.HasPrefix(line, "stderr "):
+			fmt.Fprintln(os.Stderr, strings.TrimPrefix(line, "stderr "))
+		case line == "sleep":
+			c := make(chan os.Signal, 1)
+			signal.Notify(c, syscall.SIGINT)
+			fmt.Println("sleeping")
+			<-c
+			fmt.Println("interrupted")
+			os.Exit(130)
+		case strings.HasPrefix(line, "exit "):
+			n, _ := strconv.Atoi(strings.TrimPrefix(line, "exit "))
+			os.Exit(n)
+		default:
+			fmt.Println("got", line)
+		}
+	}
+	fmt.Println("eof")
+}
+
+// winSize is the size of the terminal on stdin, if it is one.
+func winSize() (rows, cols uint16, ok bool) {
+	var ws [4]uint16
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, 0, syscall.TIOCGWINSZ, uintptr(unsafe.Pointer(&ws)))
+	return ws[0], ws[1], errno == 0
 }
