@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"sort"
@@ -46,7 +47,8 @@ import (
 // instead (about five times the requests); KILN_BENCH_PLACER=first-fit
 // places with placement.FirstFit instead of the sched engine; KILN_BENCH_CPUPROFILE
 // writes a CPU profile of the server's process during the measured part;
-// KILN_BENCH_DUMP writes the fixed-rate run's latencies, one line per pair
+// KILN_BENCH_HEAPPROFILE writes the server process's heap profile after
+// the fixed-rate run (what it still holds); KILN_BENCH_DUMP writes the fixed-rate run's latencies, one line per pair
 // (due time, grant and release latency in microseconds).
 func BenchmarkLeaseGrantRelease(b *testing.B) {
 	agents := 1000
@@ -141,6 +143,11 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.StopTimer()
+	if f := os.Getenv("KILN_BENCH_HEAPPROFILE"); f != "" {
+		if err := writeHeapProfile(f); err != nil {
+			b.Error(err)
+		}
+	}
 	if f := os.Getenv("KILN_BENCH_DUMP"); f != "" {
 		if err := dumpOpen(f, open, rate); err != nil {
 			b.Error(err)
@@ -182,6 +189,21 @@ func processCPU() time.Duration {
 // time from the start, grant and release latency, in microseconds; the
 // first line gives the start in this process's time, to line it up with
 // GODEBUG=gctrace=1.
+// writeHeapProfile writes the heap profile of this process after a
+// collection, so that it shows what is live.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 func dumpOpen(path string, r runResult, rate float64) error {
 	out, err := os.Create(path)
 	if err != nil {
