@@ -83,6 +83,9 @@ export KILN_REALBIN="${KILN_REALBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/
 # cached by version, about 13 minutes cold on 2 cores, under a minute warm).
 KILN_KUBE_BIN="$(scripts/kube.sh)"
 export KILN_KUBE_BIN
+# helm, built from the Go module proxy, for the chart in deploy/helm/kiln.
+KILN_HELM="$(scripts/helm.sh)"
+export KILN_HELM
 go test -race -count=1 -tags e2e ./...
 # The lease benchmark, small (100 agents, 200 grants), so that its agent
 # process and both of its runs keep working; the figures come from the

@@ -33,6 +33,7 @@ import (
 	"kiln.dev/kiln/dra/plugin"
 	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/source"
+	"kiln.dev/kiln/testenv"
 	"kiln.dev/kiln/version"
 )
 
@@ -689,11 +690,7 @@ func kubectlPath(t *testing.T) string {
 			return p
 		}
 	}
-	p, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Skip("no kubectl beside the control plane nor on PATH (scripts/kube.sh builds it): it renders the kustomize bases")
-	}
-	return p
+	return testenv.Need(t, "kubectl", "scripts/kube.sh builds it beside the control plane; it renders the kustomize bases")
 }
 
 // kustomize renders one of the repository's kustomize folders.
