@@ -156,6 +156,10 @@ func SignalNamed(name string) (syscall.Signal, bool) {
 	return 0, false
 }
 
+// DefaultSessionShell is what a session without a command runs in a
+// container: bash where the image has it, else sh.
+var DefaultSessionShell = []string{"/bin/sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash; exec sh"}
+
 // Execer is a job handle that runs commands beside its job.
 type Execer interface {
 	Exec(ctx context.Context, spec ExecSpec) (Session, error)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/executor/kube"
@@ -78,7 +79,11 @@ func (f *agentsFlags) run(ctx context.Context) error {
 	if f.token == "" {
 		f.token = os.Getenv("KILN_JOIN_TOKEN")
 	}
-	client, err := kubeClient(f.kubeconfig)
+	restConfig, err := kubeConfig(f.kubeconfig)
+	if err != nil {
+		return &exitError{code: 3, err: err}
+	}
+	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return &exitError{code: 3, err: err}
 	}
@@ -100,7 +105,7 @@ func (f *agentsFlags) run(ctx context.Context) error {
 			if running[node] {
 				continue
 			}
-			ag, err := f.agent(ctx, client, node)
+			ag, err := f.agent(ctx, client, restConfig, node)
 			if err != nil {
 				if f.watch == 0 {
 					return err
@@ -146,7 +151,7 @@ func (f *agentsFlags) list(ctx context.Context, client kubernetes.Interface) ([]
 }
 
 // agent loads or makes node's kiln identity and returns its agent.
-func (f *agentsFlags) agent(ctx context.Context, client kubernetes.Interface, node string) (*agent.Agent, error) {
+func (f *agentsFlags) agent(ctx context.Context, client kubernetes.Interface, restConfig *rest.Config, node string) (*agent.Agent, error) {
 	dir := filepath.Join(f.state, node)
 	id, err := agent.LoadIdentity(dir)
 	if err != nil {
@@ -158,7 +163,7 @@ func (f *agentsFlags) agent(ctx context.Context, client kubernetes.Interface, no
 			return nil, &exitError{code: 1, err: fmt.Errorf("joining node %s: %w", node, err)}
 		}
 	}
-	ke := &kube.Executor{Client: client, Node: node, NamespacePrefix: f.prefix, Log: slog.Default()}
+	ke := &kube.Executor{Client: client, Config: restConfig, Node: node, NamespacePrefix: f.prefix, Log: slog.Default()}
 	ag, err := agent.New(agent.Config{Identity: id, Executor: ke, Containers: ke, Heartbeat: f.heartbeat,
 		CDIDir: filepath.Join(dir, "cdi"), WorkDir: os.TempDir(), Discover: kube.Discover(client, node)})
 	if err != nil {

@@ -23,6 +23,16 @@ func init() { addCommand(newPluginCmd) }
 // kubeClient connects with a kubeconfig file, or from inside the cluster
 // when none is given.
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := kubeConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// kubeConfig is how kiln-dra reaches the apiserver: the kubeconfig file
+// given, or the Pod's service account inside the cluster.
+func kubeConfig(kubeconfig string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -34,7 +44,7 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("connecting to the cluster (give --kubeconfig outside a pod): %w", err)
 	}
 	cfg.UserAgent = "kiln-dra/" + version
-	return kubernetes.NewForConfig(cfg)
+	return cfg, nil
 }
 
 func newPluginCmd() *cobra.Command {

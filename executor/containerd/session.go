@@ -28,10 +28,6 @@ const (
 	sessionDrain    = 2 * time.Second  // for its output to drain after it ended
 )
 
-// defaultSessionShell is what a session without a command runs in the
-// job's container: bash where the image has it, else sh.
-var defaultSessionShell = []string{"/bin/sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash; exec sh"}
-
 var _ executor.Execer = (*handle)(nil)
 
 // Exec implements executor.Execer: the command runs in the job's
@@ -55,7 +51,7 @@ func (h *handle) Exec(ctx context.Context, spec executor.ExecSpec) (executor.Ses
 		}
 	}
 	if len(argv) == 0 {
-		argv = defaultSessionShell
+		argv = executor.DefaultSessionShell
 	}
 	ctx, cancel := context.WithTimeout(ctx, sessionCallWait)
 	defer cancel()

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"kiln.dev/kiln/dra"
 	"kiln.dev/kiln/executor"
@@ -36,6 +37,9 @@ const (
 // Executor starts jobs as Pods on one node.
 type Executor struct {
 	Client kubernetes.Interface
+	// Config is how Client reaches the apiserver; sessions (pods/exec)
+	// need it. Without it the jobs open no sessions.
+	Config *rest.Config
 	// Node is the Kubernetes node the jobs run on.
 	Node string
 	// NamespacePrefix names the namespace of a project: prefix + project
@@ -108,7 +112,7 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 	for _, k := range keys {
 		env = append(env, corev1.EnvVar{Name: k, Value: job.Env[k]})
 	}
-	c := corev1.Container{Name: "job", Image: job.Image, Command: job.Command, Env: env, WorkingDir: job.WorkDir}
+	c := corev1.Container{Name: jobContainer, Image: job.Image, Command: job.Command, Env: env, WorkingDir: job.WorkDir}
 	if len(reqNames) > 0 {
 		c.Resources.Claims = []corev1.ResourceClaim{{Name: "gpus"}}
 	}
