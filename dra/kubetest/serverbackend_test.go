@@ -1,6 +1,7 @@
 package kubetest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -134,6 +135,19 @@ current-context: local
 		if strings.Contains(e.Value, "kiln_user_secret") || strings.Contains(e.Value, "kiln_join_") {
 			t.Errorf("the job's Pod carries a kiln secret in %s", e.Name)
 		}
+	}
+
+	// kiln exec into the job's Pod, through the server's backend with its
+	// ServiceAccount's rights (pods/exec); a stand-in kubelet answers.
+	useStandInKubelet(t, ctx, node)
+	execCmd := exec.Command(filepath.Join(bin, "kiln"), "exec", l.ID, "-i", "--", "sh", "-c", "read x; echo got $x; exit 6")
+	execCmd.Env = append(os.Environ(), "KILN_CONFIG="+cfgPath)
+	execCmd.Stdin = strings.NewReader("ok\n")
+	var execErr bytes.Buffer
+	execCmd.Stderr = &execErr
+	execOut, _ := execCmd.Output()
+	if code := execCmd.ProcessState.ExitCode(); code != 6 || string(execOut) != "got ok\n" {
+		t.Errorf("kiln exec into the job's Pod: exit %d, output %q, want 6 and \"got ok\"\n%s", code, execOut, execErr.String())
 	}
 
 	if out, err := kiln("cancel", l.ID); err != nil {

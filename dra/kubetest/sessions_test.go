@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,11 +19,13 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilexec "k8s.io/client-go/util/exec"
+	"k8s.io/cri-streaming/pkg/streaming/portforward"
 	"k8s.io/cri-streaming/pkg/streaming/remotecommand"
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/executor"
 	"kiln.dev/kiln/executor/kube"
+	"kiln.dev/kiln/server/tunneltest"
 	"kiln.dev/kiln/snapshot"
 )
 
@@ -48,7 +51,63 @@ func standInKubelet(t *testing.T) http.Handler {
 		remotecommand.ServeExec(w, r, hostExec{}, parts[1], "", parts[2], r.URL.Query()["command"], opts,
 			time.Minute, 30*time.Second, remotecommand.SupportedStreamingProtocols)
 	})
+	mux.HandleFunc("/portForward/", func(w http.ResponseWriter, r *http.Request) {
+		parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/portForward/"), "/")
+		if len(parts) != 2 {
+			http.Error(w, "want /portForward/NAMESPACE/POD", http.StatusNotFound)
+			return
+		}
+		t.Logf("stand-in kubelet: port-forward to %s/%s", parts[0], parts[1])
+		portforward.ServePortForward(w, r, hostPorts{}, parts[1], "", &portforward.V4Options{}, time.Minute, 30*time.Second, portforward.SupportedProtocols)
+	})
 	return mux
+}
+
+// hostPorts connects to a port of this machine's loopback in place of the
+// Pod's.
+type hostPorts struct{}
+
+func (hostPorts) PortForward(ctx context.Context, _, _ string, port int32, stream io.ReadWriteCloser) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(c, stream)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		close(done)
+	}()
+	_, _ = io.Copy(stream, c)
+	<-done
+	return nil
+}
+
+// useStandInKubelet serves standInKubelet over TLS on loopback and points
+// the nodes' status at it (their only address 127.0.0.1, the kubelet's
+// port), as a kubelet would report itself; it stops with the test.
+func useStandInKubelet(t *testing.T, ctx context.Context, nodes ...string) {
+	t.Helper()
+	addr, _, stop := serveWebhook(t, standInKubelet(t))
+	t.Cleanup(stop)
+	_, portText, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(portText)
+	for _, name := range nodes {
+		n, err := cp.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Only an address the apiserver can dial (it prefers a host name).
+		n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}}
+		n.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(port)
+		if _, err := cp.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // hostExec runs a command on this machine in place of a container.
@@ -122,40 +181,48 @@ func waitFor(t *testing.T, b *syncBuffer, want string) {
 	}
 }
 
-// TestKilnSessionsOnKubernetes opens kiln sessions beside a job that runs
-// as a Pod, through kiln's server and agent and the real apiserver's
-// pods/exec: a command with its input, output, error output and exit code,
-// and one on a terminal of the size asked, resized. The apiserver reaches
+// TestKilnReachesPodJobs opens kiln sessions beside a job that runs as a
+// Pod, through kiln's server and agent and the real apiserver's pods/exec:
+// a command with its input, output, error output and exit code, and one on
+// a terminal of the size asked, resized; and it reaches the Pod's ports
+// through pods/portforward: the port states (one listens, one does not), a
+// megabyte each way checked by hash, a refusal. The apiserver reaches
 // the node's kubelet at the address and port the node's status gives; a
 // stand-in kubelet on loopback answers there (see standInKubelet).
-func TestKilnSessionsOnKubernetes(t *testing.T) {
+func TestKilnReachesPodJobs(t *testing.T) {
 	setup(t)
 	if testing.Short() {
 		t.Skip("builds kiln and starts its server")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addr, _, stop := serveWebhook(t, standInKubelet(t))
-	defer stop()
-	_, portText, _ := net.SplitHostPort(addr)
-	port, _ := strconv.Atoi(portText)
 	nodes := []string{"pcie-l40s-pairs", "rtx4090x8-mixed-load"}
-	for _, name := range nodes {
-		n, err := cp.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Only an address the apiserver can dial (it prefers a host name).
-		n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}}
-		n.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(port)
-		if _, err := cp.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	useStandInKubelet(t, ctx, nodes...)
 	admin := kilnServer(t, ctx, nodes, 300*time.Millisecond, func(node string) (executor.Executor, func(context.Context) (*snapshot.Snapshot, error)) {
 		return &kube.Executor{Client: cp.Client, Config: cp.Config, Node: node, Poll: 100 * time.Millisecond}, kube.Discover(cp.Client, node)
 	})
-	l, err := admin.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{Image: "registry.local/serve:1"}})
+	// What the Pod listens on: an echo on this machine's loopback (the
+	// stand-in kubelet forwards there), and a port nothing listens on.
+	ports, err := tunneltest.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoPort, silentPort := ports[0], ports[1]
+	echo, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(echoPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	l, err := admin.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{Image: "registry.local/serve:1", Ports: []int{echoPort, silentPort}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,4 +288,35 @@ func TestKilnSessionsOnKubernetes(t *testing.T) {
 		t.Fatalf("the terminal session did not end: %q", term.String())
 	}
 	inW.Close()
+
+	// The Pod's ports: their states, then the echo through kiln forward's
+	// path, and a refusal for the port nothing listens on.
+	began := time.Now()
+	want := fmt.Sprintf("%d:open %d:waiting", echoPort, silentPort)
+	waitLease(t, admin, l.ID, func(l *api.Lease) bool {
+		var got []string
+		for _, p := range l.Ports {
+			got = append(got, fmt.Sprintf("%d:%s", p.Port, p.State))
+		}
+		return strings.Join(got, " ") == want
+	})
+	t.Logf("port states %s after %s", want, time.Since(began).Round(time.Millisecond))
+	fwd, err := admin.ConnectPort(ctx, l.ID, echoPort, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began = time.Now()
+	if err := tunneltest.CheckEcho(fwd, 1<<20); err != nil {
+		t.Errorf("a megabyte through pods/portforward: %v", err)
+	}
+	t.Logf("a megabyte each way in %s", time.Since(began).Round(time.Millisecond))
+	fwd.Close()
+	if s, err := admin.ConnectPort(ctx, l.ID, silentPort, "", 0); err == nil || api.StatusOf(err) != http.StatusBadGateway {
+		if s != nil {
+			s.Close()
+		}
+		t.Errorf("a Pod port nothing listens on: %v, want 502", err)
+	} else {
+		t.Logf("refused: %v", err)
+	}
 }

@@ -5,17 +5,23 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/spdy"
 	utilexec "k8s.io/client-go/util/exec"
 
 	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/textsafe"
 )
 
 var _ executor.Execer = (*handle)(nil)
@@ -221,3 +227,155 @@ func (w podStdin) Close() error {
 	})
 	return err
 }
+
+// DialPort connects to port of the job's Pod through the Kubernetes API,
+// as kubectl port-forward does (pods/portforward over SPDY): one
+// connection of the API per connection to the port, nothing opened on the
+// node. It satisfies the agent's PortDialer.
+func (h *handle) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	select {
+	case <-h.done:
+		return nil, errors.New("the job has ended")
+	default:
+	}
+	if h.e.Config == nil {
+		return nil, errors.New("kubernetes executor: no REST configuration to reach pods/portforward with")
+	}
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("port %d: want 1 to 65535", port)
+	}
+	rt, upgrader, err := spdy.RoundTripperFor(h.e.Config)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes executor: %w", err)
+	}
+	u := h.e.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(h.ns).Name(h.name).SubResource("portforward").URL()
+	type dialed struct {
+		c   httpstream.Connection
+		err error
+	}
+	ch := make(chan dialed, 1)
+	go func() {
+		c, _, err := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", u).Dial(portForwardProtocol)
+		ch <- dialed{c, err}
+	}()
+	var conn httpstream.Connection
+	select {
+	case d := <-ch:
+		if d.err != nil {
+			return nil, fmt.Errorf("port %d of the job's Pod: %w", port, d.err)
+		}
+		conn = d.c
+	case <-ctx.Done():
+		go func() {
+			if d := <-ch; d.c != nil {
+				d.c.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+	hdr := http.Header{}
+	hdr.Set(corev1.StreamType, corev1.StreamTypeError)
+	hdr.Set(corev1.PortHeader, strconv.Itoa(port))
+	hdr.Set(corev1.PortForwardRequestIDHeader, "0")
+	errStream, err := conn.CreateStream(hdr)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("port %d of the job's Pod: %w", port, err)
+	}
+	errStream.Close() // nothing is sent on it
+	hdr.Set(corev1.StreamType, corev1.StreamTypeData)
+	data, err := conn.CreateStream(hdr)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("port %d of the job's Pod: %w", port, err)
+	}
+	pc := &podConn{conn: conn, data: data, port: port, failed: make(chan struct{})}
+	// The kubelet says on the error stream when it could not connect
+	// (nothing listens in the Pod), and says nothing when it could: wait
+	// that long for a refusal, so that a port nobody listens on is not
+	// taken for open.
+	go func() {
+		msg, _ := io.ReadAll(io.LimitReader(errStream, 4096))
+		if len(msg) > 0 {
+			pc.failure.Store(strings.TrimSpace(textsafe.Printable(string(msg))))
+			close(pc.failed)
+			conn.Close()
+		}
+	}()
+	t := time.NewTimer(portRefusalWait)
+	defer t.Stop()
+	select {
+	case <-pc.failed:
+		return nil, pc.err(nil)
+	case <-ctx.Done():
+		pc.Close()
+		return nil, ctx.Err()
+	case <-t.C:
+	}
+	return pc, nil
+}
+
+// portRefusalWait is how long a new connection to a Pod's port waits for
+// the kubelet to say it could not connect.
+const portRefusalWait = 100 * time.Millisecond
+
+// portForwardProtocol is the SPDY subprotocol of pods/portforward.
+const portForwardProtocol = "portforward.k8s.io"
+
+// podConn is one connection to a Pod's port over pods/portforward.
+type podConn struct {
+	conn    httpstream.Connection
+	data    httpstream.Stream
+	port    int
+	failed  chan struct{}
+	failure atomic.Value // string
+	once    sync.Once
+}
+
+func (c *podConn) err(err error) error {
+	select {
+	case <-c.failed:
+		return fmt.Errorf("port %d of the job's Pod: %s", c.port, c.failure.Load())
+	default:
+		return err
+	}
+}
+
+func (c *podConn) Read(p []byte) (int, error) {
+	n, err := c.data.Read(p)
+	if err != nil && err != io.EOF {
+		err = c.err(err)
+	}
+	return n, err
+}
+
+func (c *podConn) Write(p []byte) (int, error) {
+	n, err := c.data.Write(p)
+	if err != nil {
+		err = c.err(err)
+	}
+	return n, err
+}
+
+// CloseWrite ends what is sent to the port; what it answers still comes.
+func (c *podConn) CloseWrite() error { return c.data.Close() }
+
+func (c *podConn) Close() error {
+	c.once.Do(func() {
+		_ = c.data.Reset()
+		_ = c.conn.Close()
+	})
+	return nil
+}
+
+func (c *podConn) LocalAddr() net.Addr                { return podAddr("kiln agent") }
+func (c *podConn) RemoteAddr() net.Addr               { return podAddr("pod port " + strconv.Itoa(c.port)) }
+func (c *podConn) SetDeadline(t time.Time) error      { return nil }
+func (c *podConn) SetReadDeadline(t time.Time) error  { return nil }
+func (c *podConn) SetWriteDeadline(t time.Time) error { return nil }
+
+// podAddr names the ends of a podConn.
+type podAddr string
+
+func (a podAddr) Network() string { return "pods/portforward" }
+func (a podAddr) String() string  { return string(a) }
