@@ -16,7 +16,7 @@ func (f *containerFlags) containerExecutor(ctx context.Context, node, state stri
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	ex, err := containerd.New(cctx, containerd.Config{Address: f.address, PlainHTTP: f.plainHTTP, Node: node,
-		LogDir: filepath.Join(state, "container-logs"), Snapshotter: f.snapshotter, Logger: log})
+		LogDir: filepath.Join(state, "container-logs"), Snapshotter: f.snapshotter, IsolateNetwork: f.isolateNet, Logger: log})
 	if err != nil {
 		return nil, err.Error()
 	}

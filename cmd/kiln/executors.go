@@ -24,6 +24,7 @@ type containerFlags struct {
 	plainHTTP   []string
 	cdiDir      string
 	snapshotter string
+	isolateNet  bool
 
 	jobUser   string
 	jobUIDs   string
@@ -39,6 +40,7 @@ func (f *containerFlags) add(cmd *cobra.Command) {
 	fl.BoolVar(&f.none, "no-containers", false, "run no job that names an image on this node (the server places them elsewhere)")
 	fl.StringSliceVar(&f.plainHTTP, "plain-http", nil, "registries (host:port) reached over plain HTTP, a lab's local registry; * for all")
 	fl.StringVar(&f.cdiDir, "cdi-dir", "", "where the agent writes the CDI spec of this node's GPUs (default /var/run/cdi)")
+	fl.BoolVar(&f.isolateNet, "container-network-isolated", false, "give each image job a network namespace of its own with only loopback (default: the node's, as multi-node jobs need); its ports are still reached through kiln forward")
 	fl.StringVar(&f.snapshotter, "snapshotter", "", "containerd snapshotter for job images (default containerd's, overlayfs; native where overlayfs cannot mount)")
 	fl.StringVar(&f.jobUser, "job-user", "", "who jobs run as: per-lease (default for root: a uid of its own per lease), per-user (one per kiln user), or a user name for every job (a single-user machine; needed when kiln does not run as root)")
 	fl.StringVar(&f.jobUIDs, "job-uids", "700000-799999", "the uids given to leases or kiln users")

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -445,6 +447,63 @@ func TestContainerJobsEndToEnd(t *testing.T) {
 		}
 		if _, err := execer.Exec(ctx, executor.ExecSpec{Command: []string{"/jobprog", "session"}}); err == nil {
 			t.Error("a session opened beside a job that ended")
+		}
+	})
+
+	t.Run("isolated-network-ports", func(t *testing.T) {
+		iso, err := New(ctx, Config{Address: d.Address, Snapshotter: d.Snapshotter, PlainHTTP: []string{reg.Host},
+			LogDir: filepath.Join(tmp, "logs"), CDIDirs: []string{cdiDir}, IsolateNetwork: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer iso.Close()
+		// A port free on the host: the job listens on it in its own
+		// namespace, where only DialPort reaches it.
+		hl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := hl.Addr().(*net.TCPAddr).Port
+		hl.Close()
+		h, err := iso.Start(ctx, executor.Job{ID: "job-isolated", Image: ref, Command: []string{"/jobprog", "listen", strconv.Itoa(port)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Stop(ctx, time.Second)
+		logs := h.Logs()
+		defer logs.Close()
+		readUntil(t, logs, "listening")
+		if c, err := net.Dial("tcp", hl.Addr().String()); err == nil {
+			c.Close()
+			t.Fatal("the isolated job's port answers on the host's loopback")
+		}
+		dialer, ok := h.(interface {
+			DialPort(context.Context, int) (net.Conn, error)
+		})
+		if !ok {
+			t.Fatal("an isolated container job's handle does not dial its ports")
+		}
+		c, err := dialer.DialPort(ctx, port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		want := []byte("through the job's network namespace")
+		if _, err := c.Write(want); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != string(want) {
+			t.Errorf("echo in the job's namespace: %q %v", got, err)
+		}
+		if _, err := dialer.DialPort(ctx, port+1); err == nil {
+			t.Error("a port nothing listens on in the job's namespace was reached")
+		}
+		// The agent's own thread is back in its namespace: the host's
+		// loopback still refuses the job's port.
+		if c, err := net.Dial("tcp", hl.Addr().String()); err == nil {
+			c.Close()
+			t.Error("after DialPort the job's port answers on the host's loopback")
 		}
 	})
 

@@ -102,6 +102,9 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 		done:    make(chan struct{}),
 	}
 	go h.watch(bg, e, ctr, exitCh)
+	if e.cfg.IsolateNetwork {
+		return isolated{h}, nil
+	}
 	return h, nil
 }
 

@@ -9,11 +9,15 @@
 //	                terminal (and its size), then answer lines of input:
 //	                "size", "stderr TEXT", "sleep" (until SIGINT: exit 130),
 //	                "exit N", anything else "got LINE"; "eof" at its end
+//	listen PORT     echo what each connection to 127.0.0.1:PORT sends,
+//	                after printing "listening"
 package main
 
 import (
 	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/signal"
 	"sort"
@@ -47,6 +51,8 @@ func main() {
 		}
 	case "session":
 		session()
+	case "listen":
+		listen(os.Args[2])
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)
@@ -134,4 +140,20 @@ func winSize() (rows, cols uint16, ok bool) {
 	var ws [4]uint16
 	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, 0, syscall.TIOCGWINSZ, uintptr(unsafe.Pointer(&ws)))
 	return ws[0], ws[1], errno == 0
+}
+
+func listen(port string) {
+	l, err := net.Listen("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("listening")
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(1)
+		}
+		go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+	}
 }
