@@ -30,7 +30,8 @@ import (
 )
 
 // standInKubelet answers what the apiserver asks a node's kubelet for
-// pods/exec (/exec/NAMESPACE/POD/CONTAINER), with the kubelet's own
+// pods/exec (/exec/NAMESPACE/POD/CONTAINER), pods/portforward and pods/log,
+// with the kubelet's own
 // streaming server (k8s.io/cri-streaming). There is no kubelet nor
 // container runtime in these tests: the command runs on this machine, as
 // the test's user, in place of the Pod's container.
@@ -50,6 +51,17 @@ func standInKubelet(t *testing.T) http.Handler {
 		t.Logf("stand-in kubelet: exec in %s/%s container %s: %q (tty %v)", parts[0], parts[1], parts[2], r.URL.Query()["command"], opts.TTY)
 		remotecommand.ServeExec(w, r, hostExec{}, parts[1], "", parts[2], r.URL.Query()["command"], opts,
 			time.Minute, 30*time.Second, remotecommand.SupportedStreamingProtocols)
+	})
+	// A container's log, as the kubelet reads it from the runtime: two
+	// lines that name the Pod, then its end.
+	mux.HandleFunc("/containerLogs/", func(w http.ResponseWriter, r *http.Request) {
+		parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/containerLogs/"), "/")
+		if len(parts) != 3 {
+			http.Error(w, "want /containerLogs/NAMESPACE/POD/CONTAINER", http.StatusNotFound)
+			return
+		}
+		t.Logf("stand-in kubelet: log of %s/%s (%s)", parts[0], parts[1], r.URL.RawQuery)
+		fmt.Fprintf(w, "log of %s/%s container %s\nsecond line\n", parts[0], parts[1], parts[2])
 	})
 	mux.HandleFunc("/portForward/", func(w http.ResponseWriter, r *http.Request) {
 		parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/portForward/"), "/")
@@ -186,7 +198,8 @@ func waitFor(t *testing.T, b *syncBuffer, want string) {
 // a command with its input, output, error output and exit code, and one on
 // a terminal of the size asked, resized; and it reaches the Pod's ports
 // through pods/portforward: the port states (one listens, one does not), a
-// megabyte each way checked by hash, a refusal. The apiserver reaches
+// megabyte each way checked by hash, a refusal; and the job's log is the
+// Pod's, read through pods/log. The apiserver reaches
 // the node's kubelet at the address and port the node's status gives; a
 // stand-in kubelet on loopback answers there (see standInKubelet).
 func TestKilnReachesPodJobs(t *testing.T) {
@@ -318,5 +331,25 @@ func TestKilnReachesPodJobs(t *testing.T) {
 		t.Errorf("a Pod port nothing listens on: %v, want 502", err)
 	} else {
 		t.Logf("refused: %v", err)
+	}
+
+	// The Pod's log is the job's (kiln logs), read through pods/log.
+	if pod, err = cp.Client.CoreV1().Pods("kiln-default").Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase = v1.PodSucceeded
+	pod.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "job", State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}}
+	if _, err := cp.Client.CoreV1().Pods("kiln-default").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitLease(t, admin, l.ID, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
+	rc, err := admin.JobLogs(ctx, l.Jobs[0], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logText, _ := io.ReadAll(rc)
+	rc.Close()
+	if want := "log of kiln-default/kiln-" + l.Jobs[0] + " container job\nsecond line\n"; string(logText) != want {
+		t.Errorf("kiln logs of a Pod job: %q, want %q", logText, want)
 	}
 }

@@ -257,6 +257,20 @@ func (h *handle) Stop(ctx context.Context, grace time.Duration) error {
 	return nil
 }
 
+// containerStarted reports whether the job's container of p runs or ran:
+// its log can be read.
+func containerStarted(p *corev1.Pod) bool {
+	if p.Spec.NodeName == "" {
+		return false
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.Name == jobContainer && (c.State.Running != nil || c.State.Terminated != nil) {
+			return true
+		}
+	}
+	return false
+}
+
 // Logs streams the Pod's log from the Kubernetes API; it waits for the
 // container to start, and ends when the job ends.
 func (h *handle) Logs() io.ReadCloser {
@@ -265,7 +279,16 @@ func (h *handle) Logs() io.ReadCloser {
 		t := time.NewTicker(h.poll)
 		defer t.Stop()
 		for {
-			rc, err := h.e.Client.CoreV1().Pods(h.ns).GetLogs(h.name, &corev1.PodLogOptions{Follow: true}).Stream(context.Background())
+			// The apiserver answers an empty log, not an error, for a Pod
+			// not yet bound to a node: ask only once its container started.
+			var rc io.ReadCloser
+			p, err := h.e.Client.CoreV1().Pods(h.ns).Get(context.Background(), h.name, metav1.GetOptions{})
+			if err == nil && !containerStarted(p) {
+				err = errors.New("the job's container has not started")
+			}
+			if err == nil {
+				rc, err = h.e.Client.CoreV1().Pods(h.ns).GetLogs(h.name, &corev1.PodLogOptions{Container: jobContainer, Follow: true}).Stream(context.Background())
+			}
 			if err == nil {
 				_, err = io.Copy(pw, rc)
 				rc.Close()

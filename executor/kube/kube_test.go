@@ -87,3 +87,30 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("label value %q", got)
 	}
 }
+
+// TestContainerStarted: a Pod's log is read only once its job container
+// runs or ran (the apiserver answers an unbound Pod's log with nothing,
+// which would end the job's log before it starts).
+func TestContainerStarted(t *testing.T) {
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	for _, c := range []struct {
+		name string
+		pod  corev1.Pod
+		want bool
+	}{
+		{"unbound", corev1.Pod{}, false},
+		{"bound, no status", corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}}, false},
+		{"waiting", corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+			{Name: jobContainer, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}}}}}, false},
+		{"another container runs", corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "sidecar", State: running}}}}, false},
+		{"running", corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+			{Name: jobContainer, State: running}}}}, true},
+		{"ended", corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+			{Name: jobContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}}}}}, true},
+	} {
+		if got := containerStarted(&c.pod); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
