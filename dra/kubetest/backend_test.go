@@ -258,7 +258,8 @@ func kilnServer(t testing.TB, ctx context.Context, nodes []string, heartbeat tim
 }
 
 // TestKilnOnKubernetesFairShareAndLedger runs a few hundred one-GPU leases
-// of two projects, weights 1 and 3, through kiln's server on the cluster:
+// of two projects, weights 1 and 3, through kiln server --backend
+// kubernetes (its own kiln-dra agents, as deploy/server runs it):
 // while both have leases waiting, the GPU-seconds granted follow the
 // weights, and an independent ledger over the claims' allocations (a watch
 // of the apiserver, not kiln's records) never sees one device held by two
@@ -271,7 +272,22 @@ func TestKilnOnKubernetesFairShareAndLedger(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	admin := kilnOnKube(t, ctx, []string{"pcie-l40s-pairs", "rtx4090x8-mixed-load"}) // 12 GPUs
+	// kiln server --backend kubernetes, as a lab runs it: its own
+	// kiln-dra agents join every GPU node; all but two are drained, so
+	// that 12 GPUs are shared.
+	admin, _, _ := kilnServerBackend(t, ctx, "kf-", nil)
+	used := []string{"pcie-l40s-pairs", "rtx4090x8-mixed-load"}
+	nodes, err := admin.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if !slices.Contains(used, n.ID) {
+			if _, err := admin.DrainNode(ctx, n.ID, api.DrainRequest{Reason: "the test shares two nodes"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	for name, w := range map[string]float64{"light": 1, "heavy": 3} {
 		if _, err := admin.PutProject(ctx, api.Project{Name: name, Weight: w}); err != nil {
 			t.Fatal(err)
@@ -320,7 +336,7 @@ func TestKilnOnKubernetesFairShareAndLedger(t *testing.T) {
 	go func() {
 		boundAt := map[string]time.Time{}
 		for ctx.Err() == nil {
-			for _, ns := range []string{"kiln-light", "kiln-heavy"} {
+			for _, ns := range []string{"kf-light", "kf-heavy"} {
 				l, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 				if err != nil {
 					continue

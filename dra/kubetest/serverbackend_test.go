@@ -36,57 +36,8 @@ func TestServerBackendKubernetes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bin := buildBinaries(t, "kiln", "kiln-dra")
-	// The backend runs as deploy/server's service account, so that the
-	// RBAC it ships is the RBAC the test needs.
-	applyRendered(t, kubectlPath(t), kustomize(t, kubectlPath(t), "deploy/server"), false)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster: {server: %q, insecure-skip-tls-verify: true}
-users:
-- name: kiln-server
-  user: {token: %q, as: "system:serviceaccount:kiln-system:kiln-server"}
-contexts:
-- name: local
-  context: {cluster: local, user: kiln-server}
-current-context: local
-`, cp.Config.Host, cp.Config.BearerToken)
-	if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// A user's token in the server's environment is not the backend's to
-	// have.
-	admin, _, data := startServer(t, ctx, bin, []string{"KILN_TOKEN=kiln_user_secret"},
-		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--namespace-prefix", "kb-", "--kube-watch", "1s")
+	admin, bin, data := kilnServerBackend(t, ctx, "kb-", []string{"KILN_TOKEN=kiln_user_secret"})
 	cfgPath := filepath.Join(data, "admin-client.json")
-
-	// Every recorded node publishing kiln's devices joins, at the pace of
-	// the server's limit on requests without credentials.
-	want, err := kube.GPUNodes(ctx, cp.Client)
-	if err != nil || len(want) < 2 {
-		t.Fatalf("GPU nodes of the cluster: %v %v", want, err)
-	}
-	slices.Sort(want)
-	var got []string
-	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		nodes, err := admin.Nodes(ctx)
-		got = got[:0]
-		for _, n := range nodes {
-			if n.State == "ready" {
-				got = append(got, n.ID)
-			}
-		}
-		slices.Sort(got)
-		if err == nil && slices.Equal(got, want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ready kiln nodes %v (%v); want every GPU node of the cluster %v", got, err, want)
-		}
-	}
 	tokenFile := filepath.Join(data, "kubernetes", "join-token")
 	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("the backend's join token file: %v %v; want mode 0600", st, err)
@@ -174,4 +125,64 @@ current-context: local
 	if out, err := kiln("ls", "--all", "-o", "json"); err != nil || !strings.Contains(out, l.ID) {
 		t.Errorf("kiln ls after the lease ended: %v\n%s", err, out)
 	}
+}
+
+// kilnServerBackend builds kiln and kiln-dra, and starts 'kiln server
+// --backend kubernetes' (jobs in namespaces prefix+PROJECT) as
+// deploy/server's ServiceAccount, with env added to its environment; it
+// returns the admin's client, the binaries' folder and the server's data
+// folder once every GPU node of the cluster is a ready kiln node.
+func kilnServerBackend(t *testing.T, ctx context.Context, prefix string, env []string) (*api.Client, string, string) {
+	t.Helper()
+	bin := buildBinaries(t, "kiln", "kiln-dra")
+	// The backend runs as deploy/server's service account, so that the
+	// RBAC it ships is the RBAC the test needs.
+	applyRendered(t, kubectlPath(t), kustomize(t, kubectlPath(t), "deploy/server"), false)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: %q, insecure-skip-tls-verify: true}
+users:
+- name: kiln-server
+  user: {token: %q, as: "system:serviceaccount:kiln-system:kiln-server"}
+contexts:
+- name: local
+  context: {cluster: local, user: kiln-server}
+current-context: local
+`, cp.Config.Host, cp.Config.BearerToken)
+	if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A user's token in the server's environment is not the backend's to
+	// have.
+	admin, _, data := startServer(t, ctx, bin, env,
+		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--namespace-prefix", prefix, "--kube-watch", "1s")
+
+	// Every recorded node publishing kiln's devices joins, at the pace of
+	// the server's limit on requests without credentials.
+	want, err := kube.GPUNodes(ctx, cp.Client)
+	if err != nil || len(want) < 2 {
+		t.Fatalf("GPU nodes of the cluster: %v %v", want, err)
+	}
+	slices.Sort(want)
+	var got []string
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		nodes, err := admin.Nodes(ctx)
+		got = got[:0]
+		for _, n := range nodes {
+			if n.State == "ready" {
+				got = append(got, n.ID)
+			}
+		}
+		slices.Sort(got)
+		if err == nil && slices.Equal(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ready kiln nodes %v (%v); want every GPU node of the cluster %v", got, err, want)
+		}
+	}
+	return admin, bin, data
 }
