@@ -14,11 +14,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/transport/spdy"
 	utilexec "k8s.io/client-go/util/exec"
+	"k8s.io/streaming/pkg/httpstream"
 
 	"kiln.dev/kiln/executor"
 	"kiln.dev/kiln/textsafe"
@@ -255,7 +255,7 @@ func (h *handle) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	}
 	ch := make(chan dialed, 1)
 	go func() {
-		c, _, err := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", u).Dial(portForwardProtocol)
+		c, _, err := spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: rt}, "POST", u).Dial(portForwardProtocol)
 		ch <- dialed{c, err}
 	}()
 	var conn httpstream.Connection
