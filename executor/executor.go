@@ -6,8 +6,10 @@ package executor
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -154,6 +156,61 @@ func SignalNamed(name string) (syscall.Signal, bool) {
 		return syscall.SIGKILL, true
 	}
 	return 0, false
+}
+
+// CheckCommand refuses a session's command that no executor can run: an
+// empty program name, or an argument holding a NUL byte. No command at
+// all (a shell) passes.
+func CheckCommand(argv []string) error {
+	for i, a := range argv {
+		if a == "" && i == 0 || strings.IndexByte(a, 0) >= 0 {
+			return fmt.Errorf("argument %d of the command is empty or holds a NUL byte", i+1)
+		}
+	}
+	return nil
+}
+
+// SessionEnd is how a session ended, once it has: executors' sessions
+// embed one, and the first Finish is kept. The zero value is not ready:
+// use NewSessionEnd.
+type SessionEnd struct {
+	once sync.Once
+	done chan struct{}
+	exit Exit
+}
+
+// NewSessionEnd is a session that has not ended.
+func NewSessionEnd() *SessionEnd { return &SessionEnd{done: make(chan struct{})} }
+
+// Finish records how the session ended; later calls change nothing.
+func (e *SessionEnd) Finish(x Exit) {
+	e.once.Do(func() {
+		e.exit = x
+		close(e.done)
+	})
+}
+
+// Done is closed once the session ended.
+func (e *SessionEnd) Done() <-chan struct{} { return e.done }
+
+// Ended reports whether the session ended.
+func (e *SessionEnd) Ended() bool {
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait implements Session's Wait.
+func (e *SessionEnd) Wait(ctx context.Context) (Exit, error) {
+	select {
+	case <-e.done:
+		return e.exit, nil
+	case <-ctx.Done():
+		return Exit{}, ctx.Err()
+	}
 }
 
 // DefaultSessionShell is what a session without a command runs in a

@@ -45,10 +45,8 @@ func (h *handle) Exec(ctx context.Context, spec executor.ExecSpec) (executor.Ses
 		return nil, errors.New("containerd executor: this job was not started by this agent; it opens no sessions")
 	}
 	argv := spec.Command
-	for i, a := range argv {
-		if a == "" && i == 0 || strings.IndexByte(a, 0) >= 0 {
-			return nil, fmt.Errorf("argument %d of the command is empty or holds a NUL byte", i+1)
-		}
+	if err := executor.CheckCommand(argv); err != nil {
+		return nil, err
 	}
 	if len(argv) == 0 {
 		argv = executor.DefaultSessionShell
@@ -82,7 +80,7 @@ func (h *handle) Exec(ctx context.Context, spec executor.ExecSpec) (executor.Ses
 	if err != nil {
 		return nil, err
 	}
-	s := &ctrSession{tty: spec.TTY, done: make(chan struct{})}
+	s := &ctrSession{tty: spec.TTY, SessionEnd: executor.NewSessionEnd()}
 	var inR *io.PipeReader
 	inR, s.stdinW = io.Pipe()
 	var outW, errW *io.PipeWriter
@@ -128,10 +126,7 @@ type ctrSession struct {
 	stdinW  *io.PipeWriter
 	stdoutR *io.PipeReader
 	stderrR *io.PipeReader
-
-	once sync.Once
-	done chan struct{}
-	exit executor.Exit
+	*executor.SessionEnd
 }
 
 // watch waits for the process to end, lets its output drain, closes the
@@ -165,10 +160,7 @@ func (s *ctrSession) watch(exitCh <-chan client.ExitStatus, inR *io.PipeReader, 
 	if errW != nil {
 		errW.Close()
 	}
-	s.once.Do(func() {
-		s.exit = ex
-		close(s.done)
-	})
+	s.Finish(ex)
 }
 
 func (s *ctrSession) Stdin() io.WriteCloser { return s.stdin }
@@ -200,10 +192,8 @@ func (s *ctrSession) Signal(name string) error {
 	if !ok {
 		return fmt.Errorf("signal %q: want one of INT, TERM, HUP, QUIT, KILL", name)
 	}
-	select {
-	case <-s.done:
+	if s.Ended() {
 		return nil
-	default:
 	}
 	ctx, cancel := context.WithTimeout(s.bg, sessionCallWait)
 	defer cancel()
@@ -213,22 +203,10 @@ func (s *ctrSession) Signal(name string) error {
 	return nil
 }
 
-// Wait implements executor.Session.
-func (s *ctrSession) Wait(ctx context.Context) (executor.Exit, error) {
-	select {
-	case <-s.done:
-		return s.exit, nil
-	case <-ctx.Done():
-		return executor.Exit{}, ctx.Err()
-	}
-}
-
 // Close implements executor.Session: a process still running is killed,
 // and the session's readers end.
 func (s *ctrSession) Close() error {
-	select {
-	case <-s.done:
-	default:
+	if !s.Ended() {
 		ctx, cancel := context.WithTimeout(s.bg, sessionCallWait)
 		_ = s.proc.Kill(ctx, syscall.SIGKILL)
 		cancel()

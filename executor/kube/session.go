@@ -43,10 +43,8 @@ func (h *handle) Exec(ctx context.Context, spec executor.ExecSpec) (executor.Ses
 		return nil, errors.New("kubernetes executor: no REST configuration to reach pods/exec with; this agent opens no sessions")
 	}
 	argv := spec.Command
-	for i, a := range argv {
-		if a == "" && i == 0 || strings.IndexByte(a, 0) >= 0 {
-			return nil, fmt.Errorf("argument %d of the command is empty or holds a NUL byte", i+1)
-		}
+	if err := executor.CheckCommand(argv); err != nil {
+		return nil, err
 	}
 	if len(argv) == 0 {
 		argv = executor.DefaultSessionShell
@@ -68,7 +66,7 @@ func (h *handle) Exec(ctx context.Context, spec executor.ExecSpec) (executor.Ses
 		return nil, fmt.Errorf("kubernetes executor: %w", err)
 	}
 
-	s := &podSession{tty: spec.TTY, done: make(chan struct{}), sizes: make(chan remotecommand.TerminalSize, 4)}
+	s := &podSession{tty: spec.TTY, SessionEnd: executor.NewSessionEnd(), sizes: make(chan remotecommand.TerminalSize, 4)}
 	var inR *io.PipeReader
 	inR, s.stdinW = io.Pipe()
 	var outW, errW *io.PipeWriter
@@ -104,10 +102,7 @@ func (h *handle) Exec(ctx context.Context, spec executor.ExecSpec) (executor.Ses
 		if errW != nil {
 			errW.Close()
 		}
-		s.once.Do(func() {
-			s.exit = x
-			close(s.done)
-		})
+		s.Finish(x)
 	}()
 	return s, nil
 }
@@ -120,10 +115,7 @@ type podSession struct {
 	stdoutR *io.PipeReader
 	stderrR *io.PipeReader
 	sizes   chan remotecommand.TerminalSize
-
-	once      sync.Once
-	done      chan struct{}
-	exit      executor.Exit
+	*executor.SessionEnd
 	stdinOnce sync.Once
 }
 
@@ -133,7 +125,7 @@ func (s *podSession) Next() *remotecommand.TerminalSize {
 	select {
 	case sz := <-s.sizes:
 		return &sz
-	case <-s.done:
+	case <-s.Done():
 		return nil
 	}
 }
@@ -156,7 +148,7 @@ func (s *podSession) Resize(rows, cols uint16) error {
 	}
 	select {
 	case s.sizes <- remotecommand.TerminalSize{Width: cols, Height: rows}:
-	case <-s.done:
+	case <-s.Done():
 	default: // sizes not taken yet: the newest wins next time
 		select {
 		case <-s.sizes:
@@ -176,26 +168,14 @@ func (s *podSession) Signal(name string) error {
 	if !ok {
 		return fmt.Errorf("signal %q: want one of INT, TERM, HUP, QUIT, KILL", name)
 	}
-	select {
-	case <-s.done:
+	if s.Ended() {
 		return nil
-	default:
 	}
 	if s.tty && sig.String() == "interrupt" {
 		_, err := s.stdinW.Write([]byte{3})
 		return err
 	}
 	return fmt.Errorf("a session in a Pod takes no signal %s: the Kubernetes API sends none (on a terminal, Ctrl-C reaches the command)", name)
-}
-
-// Wait implements executor.Session.
-func (s *podSession) Wait(ctx context.Context) (executor.Exit, error) {
-	select {
-	case <-s.done:
-		return s.exit, nil
-	case <-ctx.Done():
-		return executor.Exit{}, ctx.Err()
-	}
 }
 
 // Close implements executor.Session: the stream to the apiserver is cut,

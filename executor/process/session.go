@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -185,18 +184,10 @@ type procSession struct {
 	stderr io.Reader
 	closer []io.Closer
 	signal func(syscall.Signal) error
-
-	once sync.Once
-	done chan struct{}
-	exit executor.Exit
+	*executor.SessionEnd
 }
 
-func (s *procSession) finish(ex executor.Exit) {
-	s.once.Do(func() {
-		s.exit = ex
-		close(s.done)
-	})
-}
+func (s *procSession) finish(ex executor.Exit) { s.Finish(ex) }
 
 func (s *procSession) Stdin() io.WriteCloser { return s.stdin }
 func (s *procSession) Stdout() io.Reader     { return s.stdout }
@@ -216,29 +207,15 @@ func (s *procSession) Signal(name string) error {
 	if !ok {
 		return fmt.Errorf("signal %q: want one of INT, TERM, HUP, QUIT, KILL", name)
 	}
-	select {
-	case <-s.done:
+	if s.Ended() {
 		return nil
-	default:
 	}
 	return s.signal(sig)
 }
 
-// Wait implements executor.Session.
-func (s *procSession) Wait(ctx context.Context) (executor.Exit, error) {
-	select {
-	case <-s.done:
-		return s.exit, nil
-	case <-ctx.Done():
-		return executor.Exit{}, ctx.Err()
-	}
-}
-
 // Close implements executor.Session.
 func (s *procSession) Close() error {
-	select {
-	case <-s.done:
-	default:
+	if !s.Ended() {
 		_ = s.signal(syscall.SIGKILL)
 	}
 	for _, c := range s.closer {
@@ -326,12 +303,10 @@ func (h *handle) Exec(ctx context.Context, spec executor.ExecSpec) (executor.Ses
 		return nil, errors.New("the job has ended")
 	default:
 	}
-	for i, a := range spec.Command {
-		if a == "" && i == 0 || strings.IndexByte(a, 0) >= 0 {
-			return nil, fmt.Errorf("argument %d of the command is empty or holds a NUL byte", i+1)
-		}
+	if err := executor.CheckCommand(spec.Command); err != nil {
+		return nil, err
 	}
-	s := &procSession{done: make(chan struct{})}
+	s := &procSession{SessionEnd: executor.NewSessionEnd()}
 	if h.ctl != nil {
 		files, err := sessionFiles(spec, s, h.uid, h.gid)
 		if err != nil {
@@ -401,7 +376,7 @@ func (h *handle) execPlain(spec executor.ExecSpec, s *procSession) (executor.Ses
 		select {
 		case <-h.done:
 			_ = syscall.Kill(-pid, syscall.SIGKILL)
-		case <-s.done:
+		case <-s.Done():
 		}
 	}()
 	return s, nil
