@@ -190,6 +190,10 @@ func TestHelmChart(t *testing.T) {
 		{"webhook.failurePolicy=Sometimes", `webhook.failurePolicy "Sometimes": want Fail or Ignore`},
 		{"webhook.timeoutSeconds=60", "webhook.timeoutSeconds 60: want 1 to 30"},
 		{"webhook.url=http://127.0.0.1:9443", "want https://HOST:PORT"},
+		// values.schema.json: types, and names nobody reads (a typo).
+		{"dra.enabled=maybe", "at '/dra/enabled': got string, want boolean"},
+		{"webhook.failurPolicy=Fail", "'failurPolicy' not allowed"},
+		{"server.storage=lots", "/server/storage"},
 	} {
 		if _, err := helmTemplate(t, helm, "kiln", "--set", bad.set); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("--set %s: %v, want an error saying %q", bad.set, err, bad.want)
