@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sort"
 	"sync"
 	"testing"
@@ -43,10 +42,7 @@ func BenchmarkTunnels(b *testing.B) {
 	}
 	echoPort, httpPort := ports[0], ports[1]
 	ctx := context.Background()
-	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{
-		Command: []string{os.Args[0], "-test.run=^TestHelperPortServer$"},
-		Env:     map[string]string{tunneltest.Env: fmt.Sprintf("%d,%d", echoPort, httpPort)},
-		Ports:   []int{echoPort, httpPort}}})
+	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: portServerJob(echoPort, httpPort)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -52,6 +52,15 @@ func connectWhenUp(t *testing.T, cl *api.Client, lease string, port int) *api.St
 	return nil
 }
 
+// portServerJob runs TestHelperPortServer as a job: a TCP echo and an HTTP
+// server (tunneltest.Serve) on the two ports, declaring those and more.
+func portServerJob(echoPort, httpPort int, more ...int) *api.JobSpec {
+	return &api.JobSpec{
+		Command: []string{os.Args[0], "-test.run=^TestHelperPortServer$"},
+		Env:     map[string]string{tunneltest.Env: fmt.Sprintf("%d,%d", echoPort, httpPort)},
+		Ports:   append([]int{echoPort, httpPort}, more...)}
+}
+
 // TestTunnels reaches a real TCP echo and HTTP server run as a job
 // through the server and the agent: bytes both ways checked by hash, an
 // HTTP request and a server-sent event stream; who may not connect is
@@ -66,10 +75,7 @@ func TestTunnels(t *testing.T) {
 	carol := c.user("carol", "other")
 	echoPort, httpPort, silentPort := tcpPort(t), tcpPort(t), tcpPort(t)
 	ctx := context.Background()
-	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{
-		Command: []string{os.Args[0], "-test.run=^TestHelperPortServer$"},
-		Env:     map[string]string{tunneltest.Env: fmt.Sprintf("%d,%d", echoPort, httpPort)},
-		Ports:   []int{echoPort, httpPort, silentPort}}})
+	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: portServerJob(echoPort, httpPort, silentPort)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,10 +369,7 @@ func TestTunnelIdle(t *testing.T) {
 	alice := c.user("alice", "default")
 	echoPort, httpPort := tcpPort(t), tcpPort(t)
 	ctx := context.Background()
-	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{
-		Command: []string{os.Args[0], "-test.run=^TestHelperPortServer$"},
-		Env:     map[string]string{tunneltest.Env: fmt.Sprintf("%d,%d", echoPort, httpPort)},
-		Ports:   []int{echoPort, httpPort}}})
+	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: portServerJob(echoPort, httpPort)})
 	if err != nil {
 		t.Fatal(err)
 	}

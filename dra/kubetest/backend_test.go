@@ -198,7 +198,7 @@ func waitGone(t *testing.T, ns, name string, podMayStay bool) {
 func kilnOnKube(t *testing.T, ctx context.Context, nodes []string) *api.Client {
 	t.Helper()
 	return kilnServer(t, ctx, nodes, 300*time.Millisecond, func(node string) (executor.Executor, func(context.Context) (*snapshot.Snapshot, error)) {
-		return &kube.Executor{Client: cp.Client, Node: node, Poll: 100 * time.Millisecond}, kube.Discover(cp.Client, node)
+		return &kube.Executor{Client: cp.Client, Config: cp.Config, Node: node, Poll: 100 * time.Millisecond}, kube.Discover(cp.Client, node)
 	})
 }
 

@@ -23,10 +23,7 @@ import (
 	"k8s.io/cri-streaming/pkg/streaming/remotecommand"
 
 	"kiln.dev/kiln/api"
-	"kiln.dev/kiln/executor"
-	"kiln.dev/kiln/executor/kube"
 	"kiln.dev/kiln/server/tunneltest"
-	"kiln.dev/kiln/snapshot"
 )
 
 // standInKubelet answers what the apiserver asks a node's kubelet for
@@ -211,9 +208,7 @@ func TestKilnReachesPodJobs(t *testing.T) {
 	defer cancel()
 	nodes := []string{"pcie-l40s-pairs", "rtx4090x8-mixed-load"}
 	useStandInKubelet(t, ctx, nodes...)
-	admin := kilnServer(t, ctx, nodes, 300*time.Millisecond, func(node string) (executor.Executor, func(context.Context) (*snapshot.Snapshot, error)) {
-		return &kube.Executor{Client: cp.Client, Config: cp.Config, Node: node, Poll: 100 * time.Millisecond}, kube.Discover(cp.Client, node)
-	})
+	admin := kilnOnKube(t, ctx, nodes)
 	// What the Pod listens on: an echo on this machine's loopback (the
 	// stand-in kubelet forwards there), and a port nothing listens on.
 	ports, err := tunneltest.FreePorts(2)
@@ -226,15 +221,7 @@ func TestKilnReachesPodJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	go tunneltest.Echo(echo)
 	l, err := admin.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1, Job: &api.JobSpec{Image: "registry.local/serve:1", Ports: []int{echoPort, silentPort}}})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -171,7 +172,7 @@ func (s *podSession) Signal(name string) error {
 	if s.Ended() {
 		return nil
 	}
-	if s.tty && sig.String() == "interrupt" {
+	if s.tty && sig == syscall.SIGINT {
 		_, err := s.stdinW.Write([]byte{3})
 		return err
 	}

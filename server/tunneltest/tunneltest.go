@@ -43,15 +43,7 @@ func Serve() error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	go Echo(echo)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s%s\n", Page, r.URL.Path)
@@ -74,6 +66,18 @@ func Serve() error {
 	})
 	srv := &http.Server{Addr: "127.0.0.1:" + httpPort, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return srv.ListenAndServe()
+}
+
+// Echo sends back what each connection l accepts sends, until l is
+// closed.
+func Echo(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+	}
 }
 
 // FreePorts returns n TCP ports free on loopback now.
