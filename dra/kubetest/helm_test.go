@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -282,5 +284,53 @@ func TestHelmWebhookWithTheAPIServer(t *testing.T) {
 	}
 	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
 		t.Errorf("a Pod without GPU claims was refused: %v", err)
+	}
+}
+
+// TestHelmChartMatchesKustomize: the chart's driver and server are the
+// kustomize bases' (deploy/, deploy/server), object for object, but for
+// labels and the chart's imagePullPolicy, so that the two ways to install
+// do not drift apart.
+func TestHelmChartMatchesKustomize(t *testing.T) {
+	helm := helmPath(t)
+	kubectl := kubectlPath(t)
+	rendered, err := helmTemplate(t, helm, "kiln", "--set", "server.enabled=true", "--set", "webhook.enabled=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chartObjs := objectsOf(t, rendered)
+	strip := func(o *unstructured.Unstructured) map[string]any {
+		c := o.DeepCopy()
+		unstructured.RemoveNestedField(c.Object, "metadata", "labels")
+		if c.GetKind() == "DeviceClass" {
+			// Cluster-scoped; kustomize does not know the kind and puts
+			// its namespace on it anyway, which the apiserver ignores.
+			unstructured.RemoveNestedField(c.Object, "metadata", "namespace")
+		}
+		unstructured.RemoveNestedField(c.Object, "spec", "template", "metadata", "labels", "app.kubernetes.io/part-of")
+		if cs, ok, _ := unstructured.NestedSlice(c.Object, "spec", "template", "spec", "containers"); ok {
+			for _, x := range cs {
+				delete(x.(map[string]any), "imagePullPolicy")
+			}
+			_ = unstructured.SetNestedSlice(c.Object, cs, "spec", "template", "spec", "containers")
+		}
+		return c.Object
+	}
+	for _, dir := range []string{"deploy", "deploy/server"} {
+		for _, k := range objectsOf(t, kustomize(t, kubectl, dir)) {
+			if k.GetKind() == "Namespace" {
+				continue
+			}
+			c := find(chartObjs, k.GetKind(), k.GetName())
+			if c == nil {
+				t.Errorf("%s has %s %s; the chart has none", dir, k.GetKind(), k.GetName())
+				continue
+			}
+			if want, got := strip(k), strip(c); !reflect.DeepEqual(want, got) {
+				wj, _ := json.MarshalIndent(want, "", " ")
+				gj, _ := json.MarshalIndent(got, "", " ")
+				t.Errorf("%s %s differs between %s and the chart:\n%s\n--- chart:\n%s", k.GetKind(), k.GetName(), dir, wj, gj)
+			}
+		}
 	}
 }
