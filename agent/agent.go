@@ -364,7 +364,7 @@ func (a *Agent) register(ctx context.Context) error {
 }
 
 func (a *Agent) beat(ctx context.Context) (api.HeartbeatReply, error) {
-	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond), Open: a.openPorts(ctx)}
+	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond), Open: a.openPorts(ctx), Chosen: a.chosen()}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat+10*time.Second)
 	defer cancel()
 	reply, err := a.client.Heartbeat(rctx, a.node, hb)
@@ -372,6 +372,36 @@ func (a *Agent) beat(ctx context.Context) (api.HeartbeatReply, error) {
 		return api.HeartbeatReply{}, err
 	}
 	return *reply, nil
+}
+
+// chosen is, for the jobs whose devices the cluster's scheduler was to
+// pick, the IDs of those it picked once known. It is sent in every
+// heartbeat while the job runs: the server takes the first and ignores
+// the rest.
+func (a *Agent) chosen() map[string][]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out map[string][]string
+	for id, j := range a.jobs {
+		p, ok := j.h.(executor.Picked)
+		if j.a.Choose == 0 || !ok {
+			continue
+		}
+		var ids []string
+		for _, i := range p.Picked() {
+			if i >= 0 && i < len(j.a.Devices) {
+				ids = append(ids, j.a.Devices[i].ID)
+			}
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string][]string{}
+		}
+		out[id] = ids
+	}
+	return out
 }
 
 // start runs an assignment unless it already runs or ran.
@@ -435,6 +465,12 @@ func (a *Agent) start(ctx context.Context, as api.Assignment) {
 		}
 		if len(lack) > 0 {
 			exe, err = nil, fmt.Errorf("the lease requires %s, which this node's jobs do not get", strings.Join(lack, ", "))
+		}
+	}
+	if as.Choose > 0 {
+		ej.Choose = as.Choose
+		if c, ok := exe.(executor.Chooser); exe != nil && (!ok || !c.LetsSchedulerChoose()) {
+			exe, err = nil, fmt.Errorf("the lease leaves the choice of %d of its %d GPUs to the cluster's scheduler, and this node's %s executor has none", as.Choose, len(as.Devices), exe.Name())
 		}
 	}
 	if exe != nil {

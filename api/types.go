@@ -98,7 +98,24 @@ type LeaseRequest struct {
 	// Resources are host limits for each job (cgroup v2 where the node has
 	// it; the node's sandbox says whether).
 	Resources Resources `json:"resources,omitzero"`
+	// Placement says who picks the devices: kiln (PlacementKiln, the
+	// default) or, on nodes of the Kubernetes backend, the cluster's
+	// scheduler among the devices kiln offers (PlacementScheduler).
+	Placement string `json:"placement,omitempty"`
 }
+
+// Who picks a lease's devices.
+const (
+	// PlacementKiln: kiln's placement picks them and the job is pinned to
+	// them (the default).
+	PlacementKiln = "kiln"
+	// PlacementScheduler: kiln picks the node and when the lease runs (its
+	// queue, fair share, limits) and offers every free device there that
+	// meets the lease's constraints; the kube-scheduler picks among them
+	// when the job's Pod is scheduled, and kiln then gives back the rest.
+	// Only for whole GPUs on one node, with the lease's job.
+	PlacementScheduler = "scheduler"
+)
 
 // Resources are a job's host limits; 0: none asked.
 type Resources struct {
@@ -201,6 +218,10 @@ type Allocation struct {
 	// Sandbox is what the node's jobs get (as the node said when the
 	// lease was granted).
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	// Choose is set while the cluster's scheduler is still to pick this
+	// many of Devices (PlacementScheduler); kiln holds all of them until
+	// the node reports the pick, then only those.
+	Choose int `json:"choose,omitempty"`
 }
 
 // Lease is GPUs granted (or asked for) for a time.
@@ -506,6 +527,9 @@ type Heartbeat struct {
 	// Open lists, for running jobs that declared ports, those that
 	// accept connections.
 	Open map[string][]int `json:"open,omitempty"`
+	// Chosen lists, for running jobs whose devices the cluster's scheduler
+	// picked (Assignment.Choose), the IDs of the devices it picked.
+	Chosen map[string][]string `json:"chosen,omitempty"`
 }
 
 // HeartbeatReply tells the agent what to start and stop.
@@ -531,6 +555,9 @@ type Assignment struct {
 	User      string    `json:"user,omitempty"`
 	Require   []string  `json:"require,omitempty"`
 	Resources Resources `json:"resources,omitzero"`
+	// Choose, when set, asks the cluster's scheduler to pick this many of
+	// Devices; the agent reports the pick in its heartbeats (Chosen).
+	Choose int `json:"choose,omitempty"`
 }
 
 // StopOrder asks the agent to stop a job after a grace period.

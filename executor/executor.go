@@ -61,7 +61,23 @@ type Job struct {
 	Env     map[string]string
 	WorkDir string
 	Devices []Device
-	Limits  Limits
+	// Choose, when set, leaves it to the cluster's scheduler to pick this
+	// many of Devices (the Kubernetes executor, which says so with
+	// Chooser); the job gets those it picks.
+	Choose int
+	Limits Limits
+}
+
+// Chooser is an executor whose cluster's scheduler can pick a job's
+// devices (Job.Choose).
+type Chooser interface {
+	LetsSchedulerChoose() bool
+}
+
+// Picked is a job's handle whose devices the cluster's scheduler picked:
+// Picked gives their positions in Job.Devices once known (nil before).
+type Picked interface {
+	Picked() []int
 }
 
 // Exit is how a job ended.

@@ -120,7 +120,8 @@ func (s *Core) Register(now time.Time, node string, req api.RegisterRequest, key
 
 // Heartbeat takes what a node's agent runs now and answers its orders;
 // register is set when the node must register first.
-func (s *Core) Heartbeat(now time.Time, node string, running []string, open map[string][]int) (reply api.HeartbeatReply, register bool, b *Changes) {
+func (s *Core) Heartbeat(now time.Time, node string, hb api.Heartbeat) (reply api.HeartbeatReply, register bool, b *Changes) {
+	running := hb.Running
 	b = newChanges(now)
 	n := s.nodes[node]
 	if n == nil {
@@ -131,7 +132,8 @@ func (s *Core) Heartbeat(now time.Time, node string, running []string, open map[
 		return reply, true, b
 	}
 	s.reconcile(n, running, now, b)
-	s.notePorts(n, open, b)
+	s.notePorts(n, hb.Open, b)
+	s.noteChosen(n, hb.Chosen, b)
 	if !b.Empty() {
 		s.schedule(now, b)
 	}

@@ -246,6 +246,9 @@ type leaseState struct {
 	// checkFit is set on a new lease until it is known whether it could
 	// ever fit (asked the first time it cannot be placed at once).
 	checkFit bool
+	// badPick: a node reported a pick of devices the lease was not
+	// offered (said once in its events).
+	badPick bool
 }
 
 type unitRef struct{ node, unit string }

@@ -64,6 +64,23 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 		}
 	}
 	sandboxRefusal := ""
+	if req.Placement == api.PlacementScheduler {
+		// Only Pods' devices can be picked by the kube-scheduler.
+		var nodes []string
+		for _, n := range s.nodeList() {
+			if n.letsSchedulerPick() {
+				nodes = append(nodes, n.rec.Node.ID)
+			}
+		}
+		if len(nodes) == 0 {
+			sandboxRefusal = "placement scheduler: no node runs its jobs as Pods, so no kube-scheduler can pick devices (nodes of kiln server --backend kubernetes do); leave the placement to kiln"
+		}
+		if allowed == nil {
+			allowed = nodes
+		} else {
+			allowed = intersect(allowed, nodes)
+		}
+	}
 	if len(req.Require) > 0 {
 		nodes, why := s.sandboxNodes(req.Require)
 		if len(s.nodes) == 0 {
@@ -83,6 +100,9 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 		ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
 		if len(req.Require) > 0 && len(ls.req.Constraints.Nodes) == 0 && sandboxRefusal == "" {
 			sandboxRefusal = fmt.Sprintf("none of the nodes asked for gives its jobs %s", strings.Join(req.Require, ", "))
+		}
+		if req.Placement == api.PlacementScheduler && len(ls.req.Constraints.Nodes) == 0 && sandboxRefusal == "" {
+			sandboxRefusal = "placement scheduler: none of the nodes that may run the image runs its jobs as Pods"
 		}
 	}
 	b := newChanges(now)

@@ -299,7 +299,7 @@ func (s *Core) orders(n *Node, run map[string]bool) api.HeartbeatReply {
 			User: l.User, Require: l.Request.Require, Resources: l.Request.Resources}
 		for _, al := range l.Allocations {
 			if al.Node == node {
-				a.Devices = al.Devices
+				a.Devices, a.Choose = al.Devices, al.Choose
 			}
 		}
 		reply.Start = append(reply.Start, a)

@@ -3,6 +3,7 @@ package lease
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -614,8 +615,9 @@ func (s *Core) releaseClaims(ls *leaseState) {
 
 // grant gives ls its placement and hands its jobs to the agents.
 func (s *Core) grant(ls *leaseState, pl placement.Placement, now time.Time, b *Changes) {
-	s.releaseClaims(ls)
 	l := ls.l
+	offered := s.offer(ls, pl, now)
+	s.releaseClaims(ls)
 	for i, a := range pl.Allocations {
 		n := s.nodes[a.Node]
 		pl.Allocations[i].Sandbox = n.rec.Node.Sandbox
@@ -644,12 +646,118 @@ func (s *Core) grant(ls *leaseState, pl placement.Placement, now time.Time, b *C
 	}
 	s.heldSince(s.project(l.Project, now), ls, t)
 	b.lease(l)
-	b.Event("lease.granted", l.ID, l.Project, "granted %s (isolation %s)", strings.Join(where, " "), l.Isolation)
+	if offered > 0 {
+		b.Event("lease.granted", l.ID, l.Project, "granted %s (isolation %s): the kube-scheduler picks %d of these %d GPUs, kiln gives back the others once it has",
+			strings.Join(where, " "), l.Isolation, pl.Allocations[0].Choose, offered)
+	} else {
+		b.Event("lease.granted", l.ID, l.Project, "granted %s (isolation %s)", strings.Join(where, " "), l.Isolation)
+	}
 	for _, js := range ls.jobs {
 		if js.j.State == api.JobPending {
 			s.assign(js, b)
 		}
 	}
+}
+
+// offer adds to a lease whose devices the cluster's scheduler picks
+// (api.PlacementScheduler) every other free device of its node that meets
+// its constraints, and sets how many it is to pick; it returns how many
+// devices are offered in all, 0 for a lease placed by kiln. Only a node
+// of the Kubernetes backend can let its scheduler pick: elsewhere the
+// lease keeps kiln's choice.
+func (s *Core) offer(ls *leaseState, pl placement.Placement, now time.Time) int {
+	if ls.l.Request.Placement != api.PlacementScheduler || len(pl.Allocations) != 1 {
+		return 0
+	}
+	a := &pl.Allocations[0]
+	n := s.nodes[a.Node]
+	if n == nil || !n.letsSchedulerPick() {
+		return 0
+	}
+	for _, v := range s.viewsFor(ls, now) {
+		if v.ID != a.Node {
+			continue
+		}
+		extra := placement.Offer(ls.req, v, a.Devices)
+		if len(extra) == 0 {
+			return 0 // no choice to leave
+		}
+		a.Choose = len(a.Devices)
+		a.Devices = append(a.Devices, extra...)
+		sort.Slice(a.Devices, func(i, j int) bool { return a.Devices[i].Index < a.Devices[j].Index })
+		return len(a.Devices)
+	}
+	return 0
+}
+
+// letsSchedulerPick says whether the node's jobs run as Pods, whose
+// devices the kube-scheduler can pick.
+func (n *Node) letsSchedulerPick() bool { return n.rec.Node.Containers == KubernetesExecutor }
+
+// KubernetesExecutor is the name the agents of the Kubernetes backend give
+// their executor.
+const KubernetesExecutor = "kubernetes"
+
+// noteChosen records the devices the cluster's scheduler picked for the
+// node's jobs (api.PlacementScheduler): the lease keeps those and gives
+// back the others it was offered. A report that names a device the lease
+// was not offered, or the wrong number of them, is ignored (and said in
+// the lease's events once).
+func (s *Core) noteChosen(n *Node, chosen map[string][]string, b *Changes) {
+	node := n.rec.Node.ID
+	for job, ids := range chosen {
+		js := n.tasks[job]
+		if js == nil {
+			continue
+		}
+		l := js.lease.l
+		if l.State != api.LeaseGranted {
+			continue
+		}
+		for i := range l.Allocations {
+			a := &l.Allocations[i]
+			if a.Node != node || a.Choose == 0 {
+				continue
+			}
+			keep, ok := pick(a.Devices, ids, a.Choose)
+			if !ok {
+				if !js.lease.badPick {
+					js.lease.badPick = true
+					b.Event("lease.placement", l.ID, l.Project, "node %s reported a pick of %d devices (%s) that is not %d of those offered; kiln keeps holding all %d",
+						node, len(ids), strings.Join(ids[:min(len(ids), 8)], ","), a.Choose, len(a.Devices))
+				}
+				continue
+			}
+			var back []string
+			for _, g := range a.Devices {
+				if !slices.ContainsFunc(keep, func(k api.DeviceGrant) bool { return k.ID == g.ID }) {
+					if u := n.byID[g.ID]; u != nil {
+						u.free(l.ID)
+					}
+					back = append(back, g.ID)
+				}
+			}
+			a.Devices, a.Choose = keep, 0
+			s.redraw(n)
+			b.lease(l)
+			b.Event("lease.placed", l.ID, l.Project, "the kube-scheduler picked %s:%s; kiln gave back %s", node, strings.Join(ids, ","), strings.Join(back, ","))
+		}
+	}
+}
+
+// pick is the devices of offered that ids name, when they are n distinct
+// ones.
+func pick(offered []api.DeviceGrant, ids []string, n int) ([]api.DeviceGrant, bool) {
+	if len(ids) != n {
+		return nil, false
+	}
+	var keep []api.DeviceGrant
+	for _, g := range offered {
+		if slices.Contains(ids, g.ID) {
+			keep = append(keep, g)
+		}
+	}
+	return keep, len(keep) == n
 }
 
 // assign turns a pending job into one task per allocation.

@@ -120,7 +120,7 @@ func (w *world) beat() {
 	sort.Strings(ids)
 	for _, id := range ids {
 		run := w.running[id]
-		reply, _, b := w.c.Heartbeat(w.now, id, keys(run), nil)
+		reply, _, b := w.c.Heartbeat(w.now, id, api.Heartbeat{Running: keys(run)})
 		w.keep(b)
 		for _, a := range reply.Start {
 			run[a.JobID] = true

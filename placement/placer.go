@@ -375,3 +375,24 @@ func bytesText(b uint64) string {
 	}
 	return units.Bytes(b)
 }
+
+// Offer is every other device of node n that a whole-GPU lease of req
+// could be given now beside the devices it holds (taken): free whole GPUs
+// that meet its constraints, by the predicate every policy shares. A
+// lease whose devices the cluster's scheduler picks is offered them too
+// (api.PlacementScheduler).
+func Offer(req Request, n *NodeView, taken []api.DeviceGrant) []api.DeviceGrant {
+	m := newMatcher(req.Constraints)
+	var out []api.DeviceGrant
+	for i := range n.Devices {
+		d := &n.Devices[i]
+		if !d.Usable || !d.Whole || d.MIGMode || d.Parent != "" || !m.eligible(n, d) {
+			continue
+		}
+		if slices.ContainsFunc(taken, func(g api.DeviceGrant) bool { return g.ID == d.ID }) {
+			continue
+		}
+		out = append(out, grant(d, 1000, d.MemoryBytes, api.IsolationExclusive))
+	}
+	return out
+}

@@ -155,7 +155,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	if !s.lockForChange(w) {
 		return
 	}
-	reply, register, b := s.core.Heartbeat(time.Now(), node, hb.Running, hb.Open)
+	reply, register, b := s.core.Heartbeat(time.Now(), node, hb)
 	if register {
 		s.mu.Unlock()
 		writeJSON(w, http.StatusOK, api.HeartbeatReply{Register: true})

@@ -227,6 +227,30 @@ func checkLeaseRequest(r *api.LeaseRequest) error {
 	if r.Resources.CPUMilli < 0 || r.Resources.CPUMilli > 1<<20 || r.Resources.MemoryBytes > 1<<50 {
 		return errors.New("resources: cpu_milli 0 to 1048576, memory_bytes at most 2^50")
 	}
+	return checkPlacement(r)
+}
+
+// checkPlacement checks who is to pick the lease's devices.
+func checkPlacement(r *api.LeaseRequest) error {
+	switch r.Placement {
+	case "", api.PlacementKiln:
+		return nil
+	case api.PlacementScheduler:
+	default:
+		return fmt.Errorf("placement %q: want %s (kiln picks the devices, the default) or %s (the kube-scheduler picks among those kiln offers)",
+			trunc(r.Placement), api.PlacementKiln, api.PlacementScheduler)
+	}
+	c := r.Constraints
+	switch {
+	case r.GPUs == 0:
+		return errors.New("placement scheduler is for whole GPUs (gpus); kiln places fractions and MIG instances itself")
+	case c.Gang:
+		return errors.New("placement scheduler picks devices on one node; a gang spread over nodes is placed by kiln")
+	case c.SameNVLinkIsland || c.SameNUMA:
+		return errors.New("placement scheduler cannot keep GPUs in one NVLink island or NUMA node; leave those to kiln (placement kiln)")
+	case r.Job == nil || r.Job.Image == "":
+		return errors.New("placement scheduler needs the lease's job with an image (kiln run --image ... --placement scheduler): the kube-scheduler picks the devices when the job's Pod is scheduled")
+	}
 	return nil
 }
 
@@ -426,6 +450,19 @@ func parseHeartbeat(b []byte) (api.Heartbeat, error) {
 	for job, ports := range h.Open {
 		if err := checkPorts(ports); err != nil {
 			return h, fmt.Errorf("open %s: %w", trunc(job), err)
+		}
+	}
+	if len(h.Chosen) > len(h.Running) {
+		return h, errors.New("chosen: devices of running jobs only")
+	}
+	for job, ids := range h.Chosen {
+		if len(ids) == 0 || len(ids) > 4096 {
+			return h, fmt.Errorf("chosen %s: 1 to 4096 devices", trunc(job))
+		}
+		for _, id := range ids {
+			if id == "" || len(id) > 256 {
+				return h, fmt.Errorf("chosen %s: a device ID of 1 to 256 characters", trunc(job))
+			}
 		}
 	}
 	return h, nil

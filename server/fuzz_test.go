@@ -19,7 +19,8 @@ func FuzzParseLeaseRequest(f *testing.F) {
 		`{"mig":"1g.10gb"}`,
 		`{"gpus":16,"constraints":{"gang":true}}`,
 		`{"gpus":-1}`, `{"fraction":1.5}`, `{"gpus":1,"fraction":0.5}`, `{}`, `[]`, `null`, `{"gpus":1}{"gpus":2}`,
-		`{"gpus":1,"unknown":true}`, `{"gpus":1,"job":{"command":[""]}}`, `{"gpus":1,"job":{"env":{"A=B":"c"},"command":["x"]}}`,
+		`{"gpus":1,"unknown":true}`, `{"gpus":1,"job":{"command":[""]}}`,
+		`{"gpus":2,"placement":"scheduler","job":{"image":"reg/x:1"}}`, `{"fraction":0.5,"placement":"scheduler","job":{"image":"reg/x:1"}}`, `{"gpus":1,"job":{"env":{"A=B":"c"},"command":["x"]}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -50,6 +51,12 @@ func FuzzParseLeaseRequest(f *testing.F) {
 		}
 		if r.Job != nil && len(r.Job.Command) == 0 && r.Job.Image == "" {
 			t.Fatalf("accepted an empty job")
+		}
+		if r.Placement == api.PlacementScheduler && (r.GPUs == 0 || r.Job == nil || r.Job.Image == "" || r.Constraints.Gang || r.Constraints.SameNVLinkIsland) {
+			t.Fatalf("accepted placement scheduler for %+v", r)
+		}
+		if r.Placement != "" && r.Placement != api.PlacementKiln && r.Placement != api.PlacementScheduler {
+			t.Fatalf("accepted placement %q", r.Placement)
 		}
 	})
 }

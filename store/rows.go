@@ -52,6 +52,7 @@ type leaseRequestRow struct {
 	Job              *jobSpecRow    `json:"job,omitempty"`
 	Require          []string       `json:"require,omitempty"`
 	Resources        resourcesRow   `json:"resources,omitzero"`
+	Placement        string         `json:"placement,omitempty"`
 }
 
 type constraintsRow struct {
@@ -85,6 +86,7 @@ type allocationRow struct {
 	Node    string           `json:"node"`
 	Devices []deviceGrantRow `json:"devices"`
 	Sandbox *sandboxRow      `json:"sandbox,omitempty"`
+	Choose  int              `json:"choose,omitempty"`
 }
 
 type deviceGrantRow struct {
@@ -283,6 +285,7 @@ func leaseRequestToRow(q api.LeaseRequest) leaseRequestRow {
 		Job:              mapPtr(q.Job, jobSpecToRow),
 		Require:          q.Require,
 		Resources:        resourcesRow{CPUMilli: q.Resources.CPUMilli, MemoryBytes: q.Resources.MemoryBytes},
+		Placement:        q.Placement,
 	}
 }
 
@@ -301,6 +304,7 @@ func leaseRequestFromRow(r leaseRequestRow) api.LeaseRequest {
 		Job:              mapPtr(r.Job, jobSpecFromRow),
 		Require:          r.Require,
 		Resources:        api.Resources{CPUMilli: r.Resources.CPUMilli, MemoryBytes: r.Resources.MemoryBytes},
+		Placement:        r.Placement,
 	}
 }
 
@@ -349,6 +353,7 @@ func allocationToRow(a api.Allocation) allocationRow {
 		Node:    a.Node,
 		Devices: mapSlice(a.Devices, deviceGrantToRow),
 		Sandbox: mapPtr(a.Sandbox, sandboxToRow),
+		Choose:  a.Choose,
 	}
 }
 
@@ -357,6 +362,7 @@ func allocationFromRow(r allocationRow) api.Allocation {
 		Node:    r.Node,
 		Devices: mapSlice(r.Devices, deviceGrantFromRow),
 		Sandbox: mapPtr(r.Sandbox, sandboxFromRow),
+		Choose:  r.Choose,
 	}
 }
 

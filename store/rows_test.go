@@ -210,7 +210,7 @@ func storedKeys(t *testing.T, data string, opaque ...string) []string {
 // of every database in use: it takes a migration that rewrites the rows.
 var goldenKeys = map[string][]string{
 	"leases.data": {
-		"allocations", "allocations[].devices", "allocations[].devices[].id", "allocations[].devices[].index",
+		"allocations", "allocations[].choose", "allocations[].devices", "allocations[].devices[].id", "allocations[].devices[].index",
 		"allocations[].devices[].isolation", "allocations[].devices[].memory_bytes", "allocations[].devices[].milli_gpu",
 		"allocations[].devices[].model", "allocations[].devices[].pci_address", "allocations[].devices[].uuid",
 		"allocations[].devices[].vendor", "allocations[].node", "allocations[].sandbox",
@@ -226,7 +226,7 @@ var goldenKeys = map[string][]string{
 		"request.constraints.same_numa", "request.constraints.same_nvlink_island", "request.constraints.vendor",
 		"request.fraction", "request.gpus", "request.job", "request.job.command", "request.job.env",
 		"request.job.env.<key0>", "request.job.env.<key1>", "request.job.image", "request.job.ports", "request.job.workdir",
-		"request.memory_bytes", "request.mig", "request.name", "request.preemptible", "request.priority",
+		"request.memory_bytes", "request.mig", "request.name", "request.placement", "request.preemptible", "request.priority",
 		"request.project", "request.require", "request.resources", "request.resources.cpu_milli",
 		"request.resources.memory_bytes", "request.time_limit_s",
 		"state", "stop_deadline", "user",

@@ -31,6 +31,7 @@ type sizeFlags struct {
 	c           api.Constraints
 	minMem      string
 	require     []string
+	placement   string
 }
 
 func (f *sizeFlags) add(cmd *cobra.Command) {
@@ -55,12 +56,13 @@ func (f *sizeFlags) add(cmd *cobra.Command) {
 	fl.BoolVar(&f.c.SameNUMA, "same-numa", false, "all GPUs on one NUMA node")
 	fl.BoolVar(&f.c.Gang, "gang", false, "the GPUs may come from several nodes, all granted at once (the job runs once per node)")
 	fl.StringSliceVar(&f.c.Nodes, "node", nil, "only on these nodes (repeatable)")
+	fl.StringVar(&f.placement, "placement", "", "who picks the GPUs: kiln (the default), or scheduler: on kiln server --backend kubernetes, kiln picks the node and when the lease runs and the kube-scheduler picks the GPUs there among those that meet the constraints (whole GPUs, with kiln run --image)")
 	fl.StringSliceVar(&f.require, "require", nil, "what the jobs must get from the node's sandbox, else the lease is refused: own-user, pid-namespace, mount-namespace, cgroup, devices (repeatable)")
 }
 
 func (f *sizeFlags) request(cfg *api.ClientConfig) (api.LeaseRequest, error) {
 	r := api.LeaseRequest{Project: f.project, Name: f.name, GPUs: f.gpus, Fraction: f.fraction, MIG: f.mig,
-		Priority: f.priority, Preemptible: f.preemptible, Constraints: f.c, TimeLimitSeconds: int(f.timeLimit / time.Second), Require: f.require}
+		Priority: f.priority, Preemptible: f.preemptible, Constraints: f.c, TimeLimitSeconds: int(f.timeLimit / time.Second), Require: f.require, Placement: f.placement}
 	if f.timeLimit > 0 && r.TimeLimitSeconds == 0 {
 		r.TimeLimitSeconds = 1
 	}

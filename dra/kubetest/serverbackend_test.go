@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -101,30 +102,120 @@ func TestServerBackendKubernetes(t *testing.T) {
 		t.Errorf("kiln exec into the job's Pod: exit %d, output %q, want 6 and \"got ok\"\n%s", code, execOut, execErr.String())
 	}
 
-	if out, err := kiln("cancel", l.ID); err != nil {
-		t.Fatalf("kiln cancel: %v\n%s", err, out)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			break
+	// kiln cancel deletes the Pod; the test removes it as a kubelet would
+	// once its container stopped.
+	cancelLease := func(id, podName string) {
+		t.Helper()
+		if out, err := kiln("cancel", id); err != nil {
+			t.Fatalf("kiln cancel: %v\n%s", err, out)
 		}
-		if err == nil && p.DeletionTimestamp != nil {
-			zero := int64(0)
-			if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, podName, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
-				t.Fatal(err)
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				break
 			}
-			break
+			if err == nil && p.DeletionTimestamp != nil {
+				zero := int64(0)
+				if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, podName, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+					t.Fatal(err)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("kiln cancel did not delete the lease's Pod: %+v %v", p, err)
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kiln cancel did not delete the lease's Pod: %+v %v", p, err)
-		}
+		waitGone(t, ns, podName, false)
+		waitLease(t, admin, id, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
 	}
-	waitGone(t, ns, podName, false)
-	waitLease(t, admin, l.ID, func(l *api.Lease) bool { return api.LeaseFinal(l.State) })
+	cancelLease(l.ID, podName)
 	if out, err := kiln("ls", "--all", "-o", "json"); err != nil || !strings.Contains(out, l.ID) {
 		t.Errorf("kiln ls after the lease ended: %v\n%s", err, out)
 	}
+
+	// The kube-scheduler picks (placement scheduler). A claim outside kiln
+	// holds one GPU of the node, which kiln does not know. A lease for all
+	// the node's other GPUs is offered every GPU kiln sees free there, and
+	// the real scheduler can only pick the others; kiln then holds those it
+	// picked and gives back the rest. Pinned by kiln instead, the lease
+	// could land on the foreign claim's GPU and its Pod would never run.
+	var whole []api.Device
+	nodes, err := admin.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		for _, d := range n.Devices {
+			if n.ID == node && d.Parent == "" && !d.MIGMode {
+				whole = append(whole, d)
+			}
+		}
+	}
+	if len(whole) < 2 {
+		t.Fatalf("node %s has %d whole GPUs; the test needs 2 or more", node, len(whole))
+	}
+	foreign := whole[0]
+	fc := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "foreign"}}
+	fc.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
+		DeviceClassName: dra.ClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.attributes['resource.kubernetes.io'].pciBusID == %q", foreign.PCIAddress)}}},
+	}}}
+	if p, _ := schedule(t, fc, node, 30*time.Second); p == nil {
+		t.Fatalf("the foreign claim on %s:%s was not allocated", node, foreign.ID)
+	}
+	want := len(whole) - 1
+	out, err = kiln("run", "-d", "-o", "json", "--gpus", fmt.Sprint(want), "--node", node, "--placement", "scheduler",
+		"--image", "registry.local/train:1", "--", "train")
+	if err != nil {
+		t.Fatalf("kiln run --placement scheduler: %v\n%s", err, out)
+	}
+	if err := json.Unmarshal([]byte(out), &run); err != nil || run.Lease.ID == "" || len(run.Lease.Jobs) != 1 {
+		t.Fatalf("kiln run -d -o json printed %q (%v)", out, err)
+	}
+	// Granted with every free GPU offered, then the pick.
+	l = waitLease(t, admin, run.Lease.ID, func(l *api.Lease) bool { return l.State == api.LeaseGranted })
+	if a := l.Allocations[0]; a.Choose != 0 && (a.Choose != want || len(a.Devices) != len(whole)) {
+		t.Errorf("offered %d GPUs to pick %d; want all %d of %s to pick %d", len(a.Devices), a.Choose, len(whole), node, want)
+	}
+	podName = "kiln-" + l.Jobs[0]
+	_, claim = waitPodBound(t, admin, l.Jobs[0], ns, podName)
+	held = held[:0]
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		held = append(held, *device(t, r.Pool, r.Device).Attributes[dra.AttrPCIBusID].StringValue)
+	}
+	slices.Sort(held)
+	if slices.Contains(held, foreign.PCIAddress) || len(held) != want {
+		t.Fatalf("the scheduler allocated %v; want %d GPUs without the foreign claim's %s", held, want, foreign.PCIAddress)
+	}
+	for deadline := time.Now().Add(60 * time.Second); l.Allocations[0].Choose != 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kiln still holds %d GPUs for the scheduler to pick from, 60 s after it picked %v", len(l.Allocations[0].Devices), held)
+		}
+		if l, err = admin.GetLease(ctx, l.ID, api.LeaseWait{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	granted = granted[:0]
+	for _, d := range l.Allocations[0].Devices {
+		granted = append(granted, d.PCIAddress)
+	}
+	slices.Sort(granted)
+	if !slices.Equal(granted, held) {
+		t.Errorf("kiln's lease holds %v; the scheduler allocated %v", granted, held)
+	}
+	nodes, err = admin.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		for _, d := range n.Devices {
+			if n.ID == node && d.ID == foreign.ID && len(d.Leases) != 0 {
+				t.Errorf("kiln still counts %s:%s held by %v after the scheduler picked the others", node, d.ID, d.Leases)
+			}
+		}
+	}
+	cancelLease(l.ID, podName)
 }
 
 // kilnServerBackend builds kiln and kiln-dra, and starts 'kiln server

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -83,25 +84,9 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 	}
 	labels := map[string]string{LabelJob: labelValue(job.ID), LabelLease: labelValue(job.LeaseID), "app.kubernetes.io/managed-by": "kiln"}
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}}
-	var reqNames []string
-	for i, d := range job.Devices {
-		// Pinned by UUID, or by PCI address where the node's data give
-		// no UUID.
-		var expr string
-		switch {
-		case d.UUID != "":
-			expr = fmt.Sprintf("device.attributes['%s'].uuid == %q", dra.DriverName, d.UUID)
-		case d.PCIAddress != "":
-			expr = fmt.Sprintf("device.attributes['resource.kubernetes.io'].pciBusID == %q", d.PCIAddress)
-		default:
-			return nil, fmt.Errorf("GPU %d has neither a UUID nor a PCI address to pin the claim to", d.Index)
-		}
-		rn := fmt.Sprintf("gpu%d", i)
-		reqNames = append(reqNames, rn)
-		claim.Spec.Devices.Requests = append(claim.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: rn, Exactly: &resourceapi.ExactDeviceRequest{
-			DeviceClassName: dra.ClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
-			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}},
-		}})
+	reqNames, err := deviceRequests(claim, job)
+	if err != nil {
+		return nil, err
 	}
 	var env []corev1.EnvVar
 	keys := make([]string, 0, len(job.Env))
@@ -141,7 +126,66 @@ func (e *Executor) Start(ctx context.Context, job executor.Job) (executor.Handle
 	if poll <= 0 {
 		poll = time.Second
 	}
-	return &handle{e: e, ns: ns, name: name, claim: len(reqNames) > 0, poll: poll, done: make(chan struct{})}, nil
+	h := &handle{e: e, ns: ns, name: name, claim: len(reqNames) > 0, poll: poll, done: make(chan struct{})}
+	if choosing(job) {
+		h.offered = job.Devices
+	}
+	return h, nil
+}
+
+// LetsSchedulerChoose: the kube-scheduler picks a job's devices among
+// those offered (Job.Choose) when it schedules the job's Pod.
+func (e *Executor) LetsSchedulerChoose() bool { return true }
+
+// choosing says whether the scheduler is to pick some of the job's
+// devices.
+func choosing(job executor.Job) bool { return job.Choose > 0 && job.Choose < len(job.Devices) }
+
+// pinned is the CEL expression that selects device d alone: by UUID, or
+// by PCI address where the node's data give no UUID.
+func pinned(d executor.Device) (string, error) {
+	switch {
+	case d.UUID != "":
+		return fmt.Sprintf("device.attributes['%s'].%s == %q", dra.DriverName, dra.AttrUUID, d.UUID), nil
+	case d.PCIAddress != "":
+		return fmt.Sprintf("device.attributes['resource.kubernetes.io'].pciBusID == %q", d.PCIAddress), nil
+	}
+	return "", fmt.Errorf("GPU %d has neither a UUID nor a PCI address to pin the claim to", d.Index)
+}
+
+// deviceRequests fills the claim's requests: one per device, pinned to it,
+// or, when the scheduler is to pick (Job.Choose), one request for that
+// many devices among those offered. It returns the requests' names.
+func deviceRequests(claim *resourceapi.ResourceClaim, job executor.Job) ([]string, error) {
+	add := func(name string, count int64, expr string) {
+		claim.Spec.Devices.Requests = append(claim.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: name, Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: dra.ClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count,
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}},
+		}})
+	}
+	if choosing(job) {
+		var any []string
+		for _, d := range job.Devices {
+			expr, err := pinned(d)
+			if err != nil {
+				return nil, err
+			}
+			any = append(any, expr)
+		}
+		add("gpus", int64(job.Choose), strings.Join(any, " || "))
+		return []string{"gpus"}, nil
+	}
+	var names []string
+	for i, d := range job.Devices {
+		expr, err := pinned(d)
+		if err != nil {
+			return nil, err
+		}
+		rn := fmt.Sprintf("gpu%d", i)
+		names = append(names, rn)
+		add(rn, 1, expr)
+	}
+	return names, nil
 }
 
 func (e *Executor) namespace(ctx context.Context, ns string) error {
@@ -178,6 +222,87 @@ type handle struct {
 	done          chan struct{}
 	exit          executor.Exit
 	once          sync.Once
+	// offered are the devices the scheduler was to pick among (nil when
+	// kiln pinned them); picked their positions once it has.
+	offered []executor.Device
+	picked  []int
+}
+
+// Picked gives the positions in the job's devices of those the scheduler
+// picked, once its claim is allocated; nil before, or when kiln pinned
+// them.
+func (h *handle) Picked() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.picked
+}
+
+// learnPick reads the job's claim once the scheduler allocated it and
+// maps the devices it picked to the offered ones (through the node's
+// ResourceSlices, which give each device's UUID and PCI address).
+func (h *handle) learnPick(ctx context.Context) {
+	h.mu.Lock()
+	known := h.picked != nil || h.offered == nil
+	h.mu.Unlock()
+	if known {
+		return
+	}
+	c, err := h.e.Client.ResourceV1().ResourceClaims(h.ns).Get(ctx, h.name, metav1.GetOptions{})
+	if err != nil || c.Status.Allocation == nil {
+		return
+	}
+	list, err := h.e.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + dra.DriverName})
+	if err != nil {
+		h.e.logf("reading the ResourceSlices to learn the devices the scheduler picked failed; trying again", "claim", h.ns+"/"+h.name, "err", err)
+		return
+	}
+	picked, err := pickedDevices(c.Status.Allocation.Devices.Results, list.Items, h.offered)
+	if err != nil {
+		h.e.logf("the scheduler's pick cannot be matched to the offered devices", "claim", h.ns+"/"+h.name, "err", err)
+		return
+	}
+	h.mu.Lock()
+	h.picked = picked
+	h.mu.Unlock()
+}
+
+// pickedDevices maps a claim's allocation to positions in offered: each
+// result's device is found in its pool's slice and matched by UUID, or by
+// PCI address.
+func pickedDevices(results []resourceapi.DeviceRequestAllocationResult, pools []resourceapi.ResourceSlice, offered []executor.Device) ([]int, error) {
+	var out []int
+	for _, r := range results {
+		if r.Driver != dra.DriverName {
+			continue
+		}
+		var attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+		for i := range pools {
+			s := &pools[i]
+			if s.Spec.Driver != r.Driver || s.Spec.Pool.Name != r.Pool {
+				continue
+			}
+			for j := range s.Spec.Devices {
+				if s.Spec.Devices[j].Name == r.Device {
+					attrs = s.Spec.Devices[j].Attributes
+				}
+			}
+		}
+		if attrs == nil {
+			return nil, fmt.Errorf("device %s of pool %s is in no ResourceSlice", r.Device, r.Pool)
+		}
+		uuid, pci := dra.StringOf(attrs, dra.AttrUUID), dra.StringOf(attrs, dra.AttrPCIBusID)
+		pos := slices.IndexFunc(offered, func(d executor.Device) bool {
+			return d.UUID != "" && d.UUID == uuid || d.UUID == "" && d.PCIAddress != "" && d.PCIAddress == pci
+		})
+		if pos < 0 {
+			return nil, fmt.Errorf("device %s of pool %s (uuid %q, PCI %q) was not offered", r.Device, r.Pool, uuid, pci)
+		}
+		out = append(out, pos)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("the allocation names no device of kiln's driver")
+	}
+	return out, nil
 }
 
 // Wait reads the Pod until it ends: its container's exit code, or the
@@ -199,7 +324,10 @@ func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
 		case err != nil:
 			h.e.logf("reading the job's Pod failed; trying again", "pod", h.ns+"/"+h.name, "err", err)
 		case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+			h.learnPick(ctx)
 			return h.end(exitOf(p)), nil
+		case p.Spec.NodeName != "":
+			h.learnPick(ctx) // scheduled: its claim is allocated
 		}
 		select {
 		case <-ctx.Done():

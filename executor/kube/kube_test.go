@@ -2,14 +2,17 @@ package kube
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"kiln.dev/kiln/dra"
 	"kiln.dev/kiln/executor"
 )
 
@@ -114,3 +117,79 @@ func TestContainerStarted(t *testing.T) {
 		}
 	}
 }
+
+// TestSchedulerPicks: a job whose devices the scheduler picks gets one
+// request for that many devices among those offered; once its claim is
+// allocated and its Pod scheduled, the handle gives the positions of the
+// devices picked (found through the node's ResourceSlice, by UUID or PCI
+// address).
+func TestSchedulerPicks(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	e := &Executor{Client: c, Node: "n1", Poll: 10 * time.Millisecond}
+	job := executor.Job{ID: "J-2", LeaseID: "l-2", Image: "reg/img:1", Choose: 2, Env: map[string]string{"KILN_PROJECT": "vision"},
+		Devices: []executor.Device{{Index: 1, UUID: "GPU-b"}, {Index: 2, UUID: "GPU-c"}, {Index: 3, PCIAddress: "0000:1d:00.0"}}}
+	h, err := e.Start(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := c.ResourceV1().ResourceClaims("kiln-vision").Get(ctx, "kiln-j-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := claim.Spec.Devices.Requests
+	if len(reqs) != 1 || reqs[0].Exactly.Count != 2 {
+		t.Fatalf("claim requests %+v, want one request for 2 devices", reqs)
+	}
+	expr := reqs[0].Exactly.Selectors[0].CEL.Expression
+	for _, want := range []string{`"GPU-b"`, `"GPU-c"`, `pciBusID == "0000:1d:00.0"`, " || "} {
+		if !strings.Contains(expr, want) {
+			t.Errorf("selector %s lacks %s", expr, want)
+		}
+	}
+	if p := h.(executor.Picked).Picked(); p != nil {
+		t.Fatalf("picked %v before the claim is allocated", p)
+	}
+	str := func(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
+	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "n1-kiln"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: dra.DriverName, Pool: resourceapi.ResourcePool{Name: "n1", ResourceSliceCount: 1}, NodeName: ptr("n1"),
+		Devices: []resourceapi.Device{
+			{Name: "gpu-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{dra.AttrUUID: str("GPU-b")}},
+			{Name: "gpu-2", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{dra.AttrUUID: str("GPU-c")}},
+			{Name: "gpu-3", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{dra.AttrPCIBusID: str("0000:1d:00.0")}},
+		}}}
+	if _, err := c.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+		{Request: "gpus", Driver: dra.DriverName, Pool: "n1", Device: "gpu-3"},
+		{Request: "gpus", Driver: dra.DriverName, Pool: "n1", Device: "gpu-1"},
+	}}}
+	if _, err := c.ResourceV1().ResourceClaims("kiln-vision").UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := c.CoreV1().Pods("kiln-vision").Get(ctx, "kiln-j-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Spec.NodeName = "n1"
+	if _, err := c.CoreV1().Pods("kiln-vision").Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	go h.Wait(wctx)
+	for h.(executor.Picked).Picked() == nil && wctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := h.(executor.Picked).Picked(); !slices.Equal(got, []int{2, 0}) {
+		t.Fatalf("picked %v, want positions 2 (the PCI-named GPU) and 0 (GPU-b)", got)
+	}
+	// A device that was not offered is not taken for one that was.
+	if _, err := pickedDevices([]resourceapi.DeviceRequestAllocationResult{{Driver: dra.DriverName, Pool: "n1", Device: "gpu-2"}},
+		[]resourceapi.ResourceSlice{*slice}, job.Devices[:1]); err == nil {
+		t.Error("a pick of a device not offered was matched")
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
