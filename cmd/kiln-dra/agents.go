@@ -25,7 +25,7 @@ func init() { addCommand(newAgentsCmd) }
 // agentsFlags are kiln-dra agents' settings.
 type agentsFlags struct {
 	kubeconfig, url, token, tokenFile, caSHA, state, nodes, prefix string
-	heartbeat, watch                                               time.Duration
+	heartbeat, watch, unschedulable                                time.Duration
 }
 
 func newAgentsCmd() *cobra.Command {
@@ -65,6 +65,7 @@ its GPUs are read as gone.`,
 	fl.StringVar(&f.nodes, "nodes", "", "only these nodes, separated by commas (default every node with kiln devices)")
 	fl.StringVar(&f.prefix, "namespace-prefix", "kiln-", "namespaces of projects: PREFIX + project")
 	fl.DurationVar(&f.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval")
+	fl.DurationVar(&f.unschedulable, "unschedulable", 2*time.Minute, "end a job whose Pod the scheduler cannot place for this long, with the scheduler's reason, so its lease does not hold GPUs for a Pod that never runs")
 	fl.DurationVar(&f.watch, "watch", 0, "list the GPU nodes again at this interval and run agents for new ones (0: list once)")
 	return cmd
 }
@@ -163,7 +164,7 @@ func (f *agentsFlags) agent(ctx context.Context, client kubernetes.Interface, re
 			return nil, &exitError{code: 1, err: fmt.Errorf("joining node %s: %w", node, err)}
 		}
 	}
-	ke := &kube.Executor{Client: client, Config: restConfig, Node: node, NamespacePrefix: f.prefix, Log: slog.Default()}
+	ke := &kube.Executor{Client: client, Config: restConfig, Node: node, NamespacePrefix: f.prefix, Unschedulable: f.unschedulable, Log: slog.Default()}
 	ag, err := agent.New(agent.Config{Identity: id, Executor: ke, Containers: ke, Heartbeat: f.heartbeat,
 		CDIDir: filepath.Join(dir, "cdi"), WorkDir: os.TempDir(), Discover: kube.Discover(client, node)})
 	if err != nil {

@@ -48,7 +48,13 @@ type Executor struct {
 	NamespacePrefix string
 	// Poll is how often a running job's Pod is read (default 1s).
 	Poll time.Duration
-	Log  *slog.Logger
+	// Unschedulable is how long a job's Pod may stay unschedulable (the
+	// scheduler finds no node and devices for it) before the job ends with
+	// the scheduler's reason (default 2m): kiln's view of the node and the
+	// cluster's disagree, and the lease must not hold GPUs for a Pod that
+	// never runs.
+	Unschedulable time.Duration
+	Log           *slog.Logger
 }
 
 // Name is the executor's name, what the node tells the server.
@@ -310,6 +316,11 @@ func pickedDevices(results []resourceapi.DeviceRequestAllocationResult, pools []
 func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
 	t := time.NewTicker(h.poll)
 	defer t.Stop()
+	grace := h.e.Unschedulable
+	if grace <= 0 {
+		grace = 2 * time.Minute
+	}
+	var stuckSince time.Time // first seen unschedulable
 	for {
 		p, err := h.e.Client.CoreV1().Pods(h.ns).Get(ctx, h.name, metav1.GetOptions{})
 		switch {
@@ -328,6 +339,21 @@ func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
 			return h.end(exitOf(p)), nil
 		case p.Spec.NodeName != "":
 			h.learnPick(ctx) // scheduled: its claim is allocated
+		default:
+			why, stuck := unschedulable(p)
+			switch {
+			case !stuck:
+				stuckSince = time.Time{}
+			case stuckSince.IsZero():
+				stuckSince = time.Now()
+			case time.Since(stuckSince) >= grace:
+				zero := int64(0)
+				if err := h.e.Client.CoreV1().Pods(h.ns).Delete(ctx, h.name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+					h.e.logf("deleting the job's unschedulable Pod failed; trying again", "pod", h.ns+"/"+h.name, "err", err)
+					break
+				}
+				return h.end(executor.Exit{Code: -1, Reason: fmt.Sprintf("its Pod could not be scheduled for %s: %s", grace, why), Finished: time.Now()}), nil
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -335,6 +361,21 @@ func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
 		case <-t.C:
 		}
 	}
+}
+
+// unschedulable says whether the scheduler found no place for the Pod,
+// and its message.
+func unschedulable(p *corev1.Pod) (string, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			msg := c.Message
+			if len(msg) > 512 {
+				msg = msg[:512] + "..."
+			}
+			return msg, true
+		}
+	}
+	return "", false
 }
 
 // end records the exit once and removes the claim with the Pod done.
@@ -425,6 +466,9 @@ func (h *handle) Logs() io.ReadCloser {
 			}
 			select {
 			case <-h.done:
+				if r := h.exit.Reason; strings.HasPrefix(r, "its Pod could not be scheduled") {
+					_, _ = io.WriteString(pw, "kiln: the job never ran: "+r+"\n")
+				}
 				pw.Close()
 				return
 			case <-t.C:

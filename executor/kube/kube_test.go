@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -193,3 +194,58 @@ func TestSchedulerPicks(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestUnschedulablePodEndsJob: a job whose Pod the scheduler cannot place
+// (a claim outside kiln holds its GPU, say) ends after the grace with the
+// scheduler's reason, in its exit and its log, and its Pod and claim are
+// removed; a Pod merely pending is waited for.
+func TestUnschedulablePodEndsJob(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	e := &Executor{Client: c, Node: "n1", Poll: 10 * time.Millisecond, Unschedulable: 100 * time.Millisecond}
+	job := executor.Job{ID: "J-3", LeaseID: "l-3", Image: "reg/img:1", Env: map[string]string{"KILN_PROJECT": "vision"},
+		Devices: []executor.Device{{Index: 0, UUID: "GPU-a"}}}
+	h, err := e.Start(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := h.Logs()
+	exits := make(chan executor.Exit, 1)
+	go func() {
+		x, _ := h.Wait(ctx)
+		exits <- x
+	}()
+	select {
+	case x := <-exits:
+		t.Fatalf("a pending Pod ended the job: %+v", x)
+	case <-time.After(300 * time.Millisecond):
+	}
+	pod, err := c.CoreV1().Pods("kiln-vision").Get(ctx, "kiln-j-3", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const why = "0/14 nodes are available: 1 cannot allocate all claims"
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: why}}
+	if _, err := c.CoreV1().Pods("kiln-vision").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var x executor.Exit
+	select {
+	case x = <-exits:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the job of an unschedulable Pod did not end")
+	}
+	if x.Code != -1 || !strings.Contains(x.Reason, "could not be scheduled") || !strings.Contains(x.Reason, why) {
+		t.Errorf("exit %+v, want code -1 and the scheduler's reason", x)
+	}
+	out, _ := io.ReadAll(logs)
+	if !strings.Contains(string(out), "never ran") || !strings.Contains(string(out), why) {
+		t.Errorf("the job's log %q does not say why it never ran", out)
+	}
+	if _, err := c.CoreV1().Pods("kiln-vision").Get(ctx, "kiln-j-3", metav1.GetOptions{}); err == nil {
+		t.Error("the unschedulable Pod was left")
+	}
+	if _, err := c.ResourceV1().ResourceClaims("kiln-vision").Get(ctx, "kiln-j-3", metav1.GetOptions{}); err == nil {
+		t.Error("the unschedulable Pod's claim was left")
+	}
+}
