@@ -113,6 +113,24 @@ func (e LeasePortsState) Valid() bool {
 	}
 }
 
+// Defines values for LeaseRequestPlacement.
+const (
+	Kiln      LeaseRequestPlacement = "kiln"
+	Scheduler LeaseRequestPlacement = "scheduler"
+)
+
+// Valid indicates whether the value is a known member of the LeaseRequestPlacement enum.
+func (e LeaseRequestPlacement) Valid() bool {
+	switch e {
+	case Kiln:
+		return true
+	case Scheduler:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for LeaseState.
 const (
 	LeaseStateCancelled LeaseState = "cancelled"
@@ -238,6 +256,8 @@ func (e ReportJobExit200JSONResponseBodyStatus) Valid() bool {
 
 // Allocation the part of a lease on one node
 type Allocation struct {
+	// Choose set while the kube-scheduler is still to pick this many of devices (placement scheduler); kiln holds them all until it has
+	Choose  *int          `json:"choose,omitempty"`
 	Devices []DeviceGrant `json:"devices"`
 	Node    string        `json:"node"`
 
@@ -247,6 +267,8 @@ type Allocation struct {
 
 // Assignment one task the agent must run
 type Assignment struct {
+	// Choose the cluster's scheduler picks this many of devices; the agent reports the pick (Heartbeat.chosen)
+	Choose  *int           `json:"choose,omitempty"`
 	Devices []DeviceGrant  `json:"devices"`
 	EndsAt  *time.Time     `json:"ends_at,omitempty"`
 	JobID   string         `json:"job_id"`
@@ -404,6 +426,9 @@ type Finding struct {
 
 // Heartbeat defines model for Heartbeat.
 type Heartbeat struct {
+	// Chosen for running jobs whose devices the cluster's scheduler picked (Assignment.choose), the IDs of those it picked
+	Chosen *map[string][]string `json:"chosen,omitempty"`
+
 	// Open for running jobs that declared ports, those that accept connections
 	Open *map[string][]int `json:"open,omitempty"`
 
@@ -587,10 +612,13 @@ type LeaseRequest struct {
 	MemoryBytes *int64 `json:"memory_bytes,omitempty"`
 
 	// Mig a MIG profile ("1g.10gb") or a MIG device UUID
-	Mig         *string `json:"mig,omitempty"`
-	Name        *string `json:"name,omitempty"`
-	Preemptible *bool   `json:"preemptible,omitempty"`
-	Priority    *int    `json:"priority,omitempty"`
+	Mig  *string `json:"mig,omitempty"`
+	Name *string `json:"name,omitempty"`
+
+	// Placement who picks the devices: kiln (the default; the job is pinned to them) or scheduler: on nodes of the Kubernetes backend, the kube-scheduler picks among the free devices of the node kiln chose that meet the constraints (whole GPUs on one node, with a job that has an image)
+	Placement   *LeaseRequestPlacement `json:"placement,omitempty"`
+	Preemptible *bool                  `json:"preemptible,omitempty"`
+	Priority    *int                   `json:"priority,omitempty"`
 
 	// Project the project; may be left out by a member of exactly one project
 	Project *string `json:"project,omitempty"`
@@ -604,6 +632,9 @@ type LeaseRequest struct {
 	// TimeLimitS ends the lease; 0 or absent: the server's default, and at most the server's maximum
 	TimeLimitS *int `json:"time_limit_s,omitempty"`
 }
+
+// LeaseRequestPlacement who picks the devices: kiln (the default; the job is pinned to them) or scheduler: on nodes of the Kubernetes backend, the kube-scheduler picks among the free devices of the node kiln chose that meet the constraints (whole GPUs on one node, with a job that has an image)
+type LeaseRequestPlacement string
 
 // LeaseState queued, granted and stopping are live; the others are final
 type LeaseState string
