@@ -9,10 +9,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +24,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"kiln.dev/kiln/admission/webhook"
 	"kiln.dev/kiln/compat/imagetest"
@@ -192,6 +196,31 @@ func TestWebhookWithTheAPIServer(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
+	// A Pod without GPU claims is untouched, even with an image no GPU of
+	// the cluster runs: what the apiserver stores is what was sent (no
+	// patch from the webhook, no warning).
+	plain := pod("no-gpu", cuda130)
+	plain.Spec.ResourceClaims, plain.Spec.Containers[0].Resources.Claims = nil, nil
+	plain.Labels, plain.Annotations = map[string]string{"app": "cpu-only"}, map[string]string{"note": "no GPU"}
+	warned := &warnings{}
+	wcfg := rest.CopyConfig(cp.Config)
+	wcfg.WarningHandler = warned
+	wc, err := kubernetes.NewForConfig(wcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := wc.CoreV1().Pods(webhookNS).Create(ctx, plain, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a pod without GPU claims was refused: %v", err)
+	}
+	if got.Spec.Containers[0].Image != cuda130 || len(got.Spec.ResourceClaims) != 0 || !maps.Equal(got.Labels, plain.Labels) ||
+		!maps.Equal(got.Annotations, plain.Annotations) || len(got.Spec.Containers[0].Resources.Claims) != 0 {
+		t.Errorf("the webhook changed a pod without GPU claims: %+v", got.ObjectMeta)
+	}
+	if len(warned.got) != 0 {
+		t.Errorf("a pod without GPU claims got warnings: %q", warned.got)
+	}
+
 	// The webhook down: with failurePolicy Fail the apiserver refuses the
 	// Pod; with Ignore it takes it.
 	stop()
@@ -266,4 +295,17 @@ func TestWebhookManifestsAccepted(t *testing.T) {
 	if _, err := tls.X509KeyPair(secret.Data[v1.TLSCertKey], secret.Data[v1.TLSPrivateKeyKey]); err != nil {
 		t.Errorf("certificate and key do not pair: %v", err)
 	}
+}
+
+// warnings keeps the warnings the apiserver sends (admission webhooks'
+// among them).
+type warnings struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.got = append(w.got, text)
 }
