@@ -88,6 +88,24 @@ func (c *Client) Health(ctx context.Context) error {
 	return resp.Body.Close()
 }
 
+// maxMetrics bounds a scrape read by Metrics.
+const maxMetrics = 64 << 20
+
+// Metrics reads GET /metrics (an admin's): the server's Prometheus series
+// in the text format.
+func (c *Client) Metrics(ctx context.Context) ([]byte, error) {
+	resp, err := c.Raw(ctx, "GET", "/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxMetrics+1))
+	if err == nil && len(b) > maxMetrics {
+		err = fmt.Errorf("GET /metrics: more than %d bytes", maxMetrics)
+	}
+	return b, err
+}
+
 // WhoAmI says who the server takes the caller for.
 func (c *Client) WhoAmI(ctx context.Context) (*WhoAmI, error) {
 	var w WhoAmI

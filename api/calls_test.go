@@ -175,6 +175,10 @@ func callCases() []callCase {
 	return []callCase{
 		{name: "Health", call: func(ctx context.Context, c *Client) (any, error) { return nil, c.Health(ctx) },
 			route: "GET /healthz", answer: "ok\n"},
+		{name: "Metrics", call: func(ctx context.Context, c *Client) (any, error) {
+			b, err := c.Metrics(ctx)
+			return string(b), err
+		}, route: "GET /metrics", answer: "kiln_nodes{state=\"ready\"} 1\n", want: "kiln_nodes{state=\"ready\"} 1\n"},
 		{name: "WhoAmI", call: func(ctx context.Context, c *Client) (any, error) { return c.WhoAmI(ctx) },
 			route: "GET /v1/whoami", answer: `{"user":"ana","role":"member","projects":["vision"]}`,
 			want: &WhoAmI{User: "ana", Role: RoleMember, Projects: []string{"vision"}}},

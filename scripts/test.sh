@@ -27,6 +27,9 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 # The interactive session test (kiln shell, kiln run -it) drives a real
 # terminal: tmux, whose pane it reads.
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
+# The server's /metrics is scraped by a real Prometheus and checked with
+# promtool, both from Debian's prometheus.
+[ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || need_apt+=(prometheus)
 # The API description's linter (Redocly CLI, scripts/openapi.sh) comes from
 # npm and wants Node.js 20.19 or newer.
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)

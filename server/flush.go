@@ -65,6 +65,7 @@ func (s *Server) flush(b *lease.Changes) (uint64, error) {
 		return 0, s.broken
 	}
 	s.wseq = seq
+	s.metrics.observe(b)
 	for _, id := range b.Ended {
 		s.logs.done(id)
 		s.tunnels.endJob(id)

@@ -46,6 +46,7 @@ var streamRoutes = map[string]bool{
 func (s *Server) routes() []route {
 	return []route{
 		{"GET", "/healthz", authNone, s.healthz},
+		{"GET", "/metrics", authAdmin, s.serveMetrics},
 		{"GET", "/v1/whoami", authAny, s.whoami},
 		{"POST", "/v1/leases", authUser, s.createLease},
 		{"GET", "/v1/leases", authUser, s.listLeases},
@@ -105,7 +106,7 @@ func bodyLimit(rt route) int64 {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range s.routes() {
-		mux.HandleFunc(rt.method+" "+rt.path, s.guard(rt))
+		mux.HandleFunc(rt.method+" "+rt.path, s.metrics.timed(rt, s.guard(rt)))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if s.authenticate(r) == nil {

@@ -159,10 +159,12 @@ type Server struct {
 	unauth *rateLimiter
 	st     *store.Store
 	cm     *committer
-	ca     *authority
-	cert   tls.Certificate
-	log    *slog.Logger
-	logs   *logHub
+	// metrics are its /metrics series.
+	metrics *metrics
+	ca      *authority
+	cert    tls.Certificate
+	log     *slog.Logger
+	logs    *logHub
 	// tunnels carry users' connections to their jobs' ports; closing is
 	// closed when the server stops, which ends them.
 	tunnels      *tunnelHub
@@ -307,6 +309,7 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.cm = newCommitter(st, cfg.CommitGap, s.log)
+	s.metrics = newMetrics(s)
 	lctx, cancel := context.WithCancel(context.Background())
 	s.stop = func() {
 		cancel()
