@@ -37,10 +37,13 @@ type kubeBackend struct {
 	kubeconfig string
 	prefix     string
 	watch      time.Duration
-	dir        string // identities of the cluster's nodes and the join token file
-	url        string // the server as the backend reaches it
-	srv        joinTokenMaker
-	log        *slog.Logger
+	// unschedulable is how long a job's Pod may stay unschedulable
+	// before its job ends with the scheduler's reason.
+	unschedulable time.Duration
+	dir           string // identities of the cluster's nodes and the join token file
+	url           string // the server as the backend reaches it
+	srv           joinTokenMaker
+	log           *slog.Logger
 }
 
 // Join tokens the backend is given: renewed every tokenRenew, each valid
@@ -108,6 +111,9 @@ func (b *kubeBackend) run(ctx context.Context) {
 func (b *kubeBackend) once(ctx context.Context, tokenFile string) error {
 	args := []string{"agents", "--url", b.url, "--token-file", tokenFile, "--ca-sha256", b.srv.CAFingerprint(),
 		"--state", b.dir, "--namespace-prefix", b.prefix, "--watch", b.watch.String()}
+	if b.unschedulable > 0 {
+		args = append(args, "--unschedulable", b.unschedulable.String())
+	}
 	if b.kubeconfig != "" {
 		args = append(args, "--kubeconfig", b.kubeconfig)
 	}

@@ -201,7 +201,7 @@ func newServerCmd() *cobra.Command {
 	var f serverFlags
 	var resetAdmin bool
 	var backend, kubeconfig, prefix string
-	var kubeWatch time.Duration
+	var kubeWatch, kubeUnschedulable time.Duration
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the lease server: GPUs leased over the network to users and their jobs",
@@ -266,7 +266,10 @@ in), 'kiln backup' and 'kiln restore'. See docs/security.md.`,
 				if kubeWatch <= 0 {
 					return &exitError{code: 3, err: fmt.Errorf("--kube-watch %s: want a positive interval", kubeWatch)}
 				}
-				kb = &kubeBackend{dra: dra, kubeconfig: kubeconfig, prefix: prefix, watch: kubeWatch, log: log}
+				if kubeUnschedulable <= 0 {
+					return &exitError{code: 3, err: fmt.Errorf("--kube-unschedulable %s: want a positive time", kubeUnschedulable)}
+				}
+				kb = &kubeBackend{dra: dra, kubeconfig: kubeconfig, prefix: prefix, watch: kubeWatch, unschedulable: kubeUnschedulable, log: log}
 			default:
 				return &exitError{code: 3, err: fmt.Errorf("--backend %q: want %s (nodes run kiln agent) or %s (leases run as Pods on a cluster)", backend, backendAgents, backendKubernetes)}
 			}
@@ -294,6 +297,7 @@ in), 'kiln backup' and 'kiln restore'. See docs/security.md.`,
 	cmd.Flags().StringVar(&backend, "backend", backendAgents, "where leases run: agents (nodes run kiln agent) or kubernetes (also as Pods on the cluster of --kubeconfig)")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --backend kubernetes: the cluster's kubeconfig (default: in-cluster service account)")
 	cmd.Flags().StringVar(&prefix, "namespace-prefix", "kiln-", "with --backend kubernetes: a project's jobs run in the namespace PREFIX+project")
+	cmd.Flags().DurationVar(&kubeUnschedulable, "kube-unschedulable", 2*time.Minute, "with --backend kubernetes: a job whose Pod the scheduler cannot place for this long ends with the scheduler's reason (its lease then holds no GPU for a Pod that never runs)")
 	cmd.Flags().DurationVar(&kubeWatch, "kube-watch", 30*time.Second, "with --backend kubernetes: how often new GPU nodes of the cluster are looked for")
 	cmd.Flags().BoolVar(&resetAdmin, "reset-admin", false, "recovery on the server's host, with the server stopped: make the user admin an admin again with a new token, saved in <data>/admin-client.json, and exit")
 	return cmd

@@ -216,6 +216,27 @@ func TestServerBackendKubernetes(t *testing.T) {
 		}
 	}
 	cancelLease(l.ID, podName)
+
+	// Pinned by kiln to every GPU of the node, the foreign one among them:
+	// the Pod cannot be scheduled, and after --kube-unschedulable (15 s
+	// here) the job ends with the scheduler's reason, and so does its
+	// lease, instead of showing running while nothing runs.
+	out, err = kiln("run", "-d", "-o", "json", "--gpus", fmt.Sprint(len(whole)), "--node", node, "--image", "registry.local/train:1", "--", "train")
+	if err != nil {
+		t.Fatalf("kiln run on every GPU of %s: %v\n%s", node, err, out)
+	}
+	if err := json.Unmarshal([]byte(out), &run); err != nil || len(run.Lease.Jobs) != 1 {
+		t.Fatalf("kiln run -d -o json printed %q (%v)", out, err)
+	}
+	l = waitLeaseFor(t, admin, run.Lease.ID, 90*time.Second)
+	j, err := admin.GetJob(ctx, l.Jobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(j.Reason, "could not be scheduled") || !strings.Contains(j.Reason, "cannot allocate all claims") {
+		t.Errorf("the job of an unschedulable Pod ended %s: %q; want the scheduler's reason", j.State, j.Reason)
+	}
+	waitGone(t, ns, "kiln-"+l.Jobs[0], false)
 }
 
 // kilnServerBackend builds kiln and kiln-dra, and starts 'kiln server
@@ -249,7 +270,7 @@ current-context: local
 	// A user's token in the server's environment is not the backend's to
 	// have.
 	admin, _, data := startServer(t, ctx, bin, env,
-		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--namespace-prefix", prefix, "--kube-watch", "1s")
+		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--namespace-prefix", prefix, "--kube-watch", "1s", "--kube-unschedulable", "15s")
 
 	// Every recorded node publishing kiln's devices joins, at the pace of
 	// the server's limit on requests without credentials.
