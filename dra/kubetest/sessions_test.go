@@ -132,11 +132,29 @@ func (hostExec) ExecInContainer(ctx context.Context, _, _, _ string, cmd []strin
 		if err != nil {
 			return err
 		}
-		defer f.Close()
+		// The sizes are set until the command ends, and the terminal is
+		// closed only after the last (Setsize reads its descriptor).
+		stop := make(chan struct{})
+		var sizing sync.WaitGroup
+		sizing.Add(1)
 		go func() {
-			for sz := range resize {
-				_ = pty.Setsize(f, &pty.Winsize{Rows: sz.Height, Cols: sz.Width})
+			defer sizing.Done()
+			for {
+				select {
+				case sz, ok := <-resize:
+					if !ok {
+						return
+					}
+					_ = pty.Setsize(f, &pty.Winsize{Rows: sz.Height, Cols: sz.Width})
+				case <-stop:
+					return
+				}
 			}
+		}()
+		defer func() {
+			close(stop)
+			sizing.Wait()
+			f.Close()
 		}()
 		if in != nil {
 			go func() { _, _ = io.Copy(f, in) }()
@@ -259,8 +277,11 @@ func TestKilnReachesPodJobs(t *testing.T) {
 		t.Errorf("a session in a Pod: exit %+v, stdout %q, stderr %q; want 7, \"got hello\", \"oops\"", x, out.String(), errOut.String())
 	}
 
-	// A terminal of the size asked, then resized.
-	st, fw = open(api.SessionRequest{Command: []string{"sh", "-c", "stty size; read x; stty size; exit 4"}, TTY: true, Rows: 30, Cols: 100})
+	// A terminal of the size asked, then resized. The Kubernetes API has
+	// no initial size for exec: the size travels on its own stream, and a
+	// command that asks at once can run before it arrives (as with kubectl
+	// exec -t), so the command reads a line first.
+	st, fw = open(api.SessionRequest{Command: []string{"sh", "-c", "read w; stty size; read x; stty size; exit 4"}, TTY: true, Rows: 30, Cols: 100})
 	inR, inW := io.Pipe()
 	resize := make(chan [2]uint16, 1)
 	var term syncBuffer
@@ -272,6 +293,10 @@ func TestKilnReachesPodJobs(t *testing.T) {
 		}
 		done <- x
 	}()
+	time.Sleep(300 * time.Millisecond) // the size travels apart from the input
+	if _, err := inW.Write([]byte("size\r")); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, &term, "30 100")
 	resize <- [2]uint16{40, 120}
 	time.Sleep(300 * time.Millisecond) // the size travels apart from the input
