@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,7 @@ type metrics struct {
 	preemptions *prometheus.CounterVec
 	wait        *prometheus.HistogramVec
 	gpuSeconds  *prometheus.CounterVec
+	handler     http.Handler // the scrape, made once
 }
 
 func newMetrics(s *Server) *metrics {
@@ -46,6 +48,7 @@ func newMetrics(s *Server) *metrics {
 			Help: "GPU-seconds of ended leases, by project (what fair share and GPU-hour quotas count)."}, []string{"project"}),
 	}
 	m.reg.MustRegister(m.requests, m.grants, m.ends, m.preemptions, m.wait, m.gpuSeconds, stateCollector{s})
+	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	return m
 }
 
@@ -56,6 +59,7 @@ var finalStates = map[string]bool{api.LeaseDone: true, api.LeaseCancelled: true,
 // observe counts what a batch of changes says happened; s.mu is held.
 func (m *metrics) observe(b *lease.Changes) {
 	for _, e := range b.Events {
+		final, isLease := strings.CutPrefix(e.Kind, "lease.")
 		switch {
 		case e.Kind == "lease.granted":
 			m.grants.WithLabelValues(e.Project).Inc()
@@ -64,8 +68,8 @@ func (m *metrics) observe(b *lease.Changes) {
 			}
 		case e.Kind == "lease.preempting":
 			m.preemptions.WithLabelValues(e.Project).Inc()
-		case len(e.Kind) > 6 && e.Kind[:6] == "lease." && finalStates[e.Kind[6:]]:
-			m.ends.WithLabelValues(e.Project, e.Kind[6:]).Inc()
+		case isLease && finalStates[final]:
+			m.ends.WithLabelValues(e.Project, final).Inc()
 		}
 	}
 	for _, u := range b.Usage {
@@ -86,7 +90,7 @@ func (m *metrics) timed(rt route, h http.HandlerFunc) http.HandlerFunc {
 // serveMetrics answers a scrape (the Prometheus text format, or
 // OpenMetrics when asked).
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{EnableOpenMetrics: true}).ServeHTTP(w, r)
+	s.metrics.handler.ServeHTTP(w, r)
 }
 
 // stateCollector reads the queue, the projects and the nodes from the

@@ -232,6 +232,8 @@ type handle struct {
 	// kiln pinned them); picked their positions once it has.
 	offered []executor.Device
 	picked  []int
+	// neverRan: the job ended because its Pod could not be scheduled.
+	neverRan bool
 }
 
 // Picked gives the positions in the job's devices of those the scheduler
@@ -257,7 +259,8 @@ func (h *handle) learnPick(ctx context.Context) {
 	if err != nil || c.Status.Allocation == nil {
 		return
 	}
-	list, err := h.e.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + dra.DriverName})
+	// The node's slices only: a cluster may have hundreds of nodes.
+	list, err := h.e.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + dra.DriverName + ",spec.nodeName=" + h.e.Node})
 	if err != nil {
 		h.e.logf("reading the ResourceSlices to learn the devices the scheduler picked failed; trying again", "claim", h.ns+"/"+h.name, "err", err)
 		return
@@ -352,6 +355,7 @@ func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
 					h.e.logf("deleting the job's unschedulable Pod failed; trying again", "pod", h.ns+"/"+h.name, "err", err)
 					break
 				}
+				h.neverRan = true // before end closes done: Logs reads it after
 				return h.end(executor.Exit{Code: -1, Reason: fmt.Sprintf("its Pod could not be scheduled for %s: %s", grace, why), Finished: time.Now()}), nil
 			}
 		}
@@ -466,8 +470,8 @@ func (h *handle) Logs() io.ReadCloser {
 			}
 			select {
 			case <-h.done:
-				if r := h.exit.Reason; strings.HasPrefix(r, "its Pod could not be scheduled") {
-					_, _ = io.WriteString(pw, "kiln: the job never ran: "+r+"\n")
+				if h.neverRan {
+					_, _ = io.WriteString(pw, "kiln: the job never ran: "+h.exit.Reason+"\n")
 				}
 				pw.Close()
 				return
