@@ -60,6 +60,9 @@ type Config struct {
 	Rescan time.Duration
 	// WorkDir is where jobs without a working directory run.
 	WorkDir string
+	// Metrics is the node's Prometheus endpoint (none without a
+	// listener).
+	Metrics MetricsConfig
 	Logger  *slog.Logger
 }
 
@@ -146,6 +149,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if err := a.discover(ctx); err != nil {
 		return err
+	}
+	if a.cfg.Metrics.Listener != nil {
+		// The node's metrics are served while the server is unreachable
+		// too; they stop before the jobs do.
+		mctx, stopMetrics := context.WithCancel(ctx)
+		defer stopMetrics()
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.serveMetrics(mctx)
+		}()
 	}
 	backoff := 100 * time.Millisecond
 	for {

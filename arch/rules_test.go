@@ -32,6 +32,7 @@ var analysis = []string{
 	"dra",       // not dra/plugin or dra/kubetest, which talk to a cluster
 	"admission", // not admission/webhook, which reads registries and the cluster
 	"lease", "placement", "demo",
+	"gpumetrics", // not gpumetrics/prom, whose client library speaks HTTP
 }
 
 // edges are the packages that reach machines, files, the network and the

@@ -737,6 +737,10 @@ func h100HGX8() *fxMachine {
 			PowerUsageMW: u32(71000), PowerLimitMW: u32(700000), DefaultPowerLimitMW: u32(700000), EnforcedPowerLimitMW: u32(700000),
 			TemperatureC: u32(32), SlowdownC: u32(90), ShutdownC: u32(92), PerformanceState: intp(0),
 			UtilizationGPU: u32(0), Persistence: boolp(true), ComputeMode: "Default",
+			// Idle clocks and their maxima as the HGX H100 capture
+			// (nvidia-smi-q/h100x8-535.183.01-gpu75-slowdown.txt) shows.
+			Clocks: &NVMLClocks{GraphicsMHz: u32(345), SMMHz: u32(345), MemoryMHz: u32(2619),
+				MaxGraphicsMHz: u32(1980), MaxSMMHz: u32(1980), MaxMemoryMHz: u32(2619)},
 			ECCEnabled: boolp(true), ECCPending: boolp(true), ECCVolatileCorrected: u64(0), ECCVolatileUncorrected: u64(0),
 			ECCAggregateCorrected: u64(0), ECCAggregateUncorrected: u64(0),
 			RemappedRows:      &NVMLRemappedRows{},
@@ -792,7 +796,8 @@ Differences from the capture: the switch device id (1000:c030) and the
 NVMe/NIC subsystem ids are illustrative; the Gen4 NVMe drives run Gen4 x4 on
 Gen5 switch ports as the capture's 17:00.0 does; GPU 0000:19:00.0 carries the capture's
 AER correctable status (RxErr, BadTLP, Timeout). The fabric manager is
-installed and running. nvml.json holds idle readings: 18 active NVLinks per
+installed and running. nvml.json holds idle readings (clocks as in the HGX H100
+nvidia-smi -q capture): 18 active NVLinks per
 GPU into the NVSwitches and the fabric registered (Completed/Success). It
 serves BenchmarkDiscoverRecorded8GPU.
 `,

@@ -140,6 +140,12 @@ func (c *cluster) close() {
 // (the process executor when nil).
 func (c *cluster) addAgent(node string, s *snapshot.Snapshot, exe executor.Executor, heartbeat time.Duration) {
 	c.t.Helper()
+	c.addAgentWith(node, s, exe, heartbeat, nil)
+}
+
+// addAgentWith is addAgent with the agent's configuration changed by mod.
+func (c *cluster) addAgentWith(node string, s *snapshot.Snapshot, exe executor.Executor, heartbeat time.Duration, mod func(*agent.Config)) {
+	c.t.Helper()
 	jt, err := c.srv.CreateJoinToken(context.Background(), 0, 1, "a test") // one node
 	if err != nil {
 		c.t.Fatal(err)
@@ -151,8 +157,12 @@ func (c *cluster) addAgent(node string, s *snapshot.Snapshot, exe executor.Execu
 	if exe == nil {
 		exe = &process.Executor{}
 	}
-	a, err := agent.New(agent.Config{Identity: id, Executor: exe, Recorded: true, Heartbeat: heartbeat, Logger: quietLogger(),
-		Discover: func(context.Context) (*snapshot.Snapshot, error) { return s, nil }})
+	cfg := agent.Config{Identity: id, Executor: exe, Recorded: true, Heartbeat: heartbeat, Logger: quietLogger(),
+		Discover: func(context.Context) (*snapshot.Snapshot, error) { return s, nil }}
+	if mod != nil {
+		mod(&cfg)
+	}
+	a, err := agent.New(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}

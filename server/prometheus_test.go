@@ -5,25 +5,32 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/server"
 	"kiln.dev/kiln/testenv"
 )
 
 // TestPrometheusScrapesServer: a real Prometheus (Debian's, on loopback)
-// scrapes the server's /metrics over TLS with an admin's token, and PromQL
-// through its HTTP API returns kiln's series with their labels; promtool
-// check metrics passes on what the server exposes.
+// scrapes the server's /metrics over TLS with an admin's token, and an
+// agent's /metrics that replays a recorded 8-GPU machine; PromQL through
+// its HTTP API returns kiln's series with their labels, and every query of
+// dcgm-exporter's Grafana dashboard (12239) returns data for each GPU, but
+// the tensor-core panel on a machine whose recording holds no profiling
+// sample, where kiln_gpu_metric_supported says so; promtool check metrics
+// passes on what the server and the agent expose.
 func TestPrometheusScrapesServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Prometheus")
@@ -31,7 +38,13 @@ func TestPrometheusScrapesServer(t *testing.T) {
 	prom := testenv.Need(t, "prometheus", "apt-get install prometheus")
 	promtool := testenv.Need(t, "promtool", "apt-get install prometheus")
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second})
-	c.addAgent("hgx", machines(t)["hgx"], nil, 300*time.Millisecond)
+	agentLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.addAgentWith("hgx", machines(t)["hgx"], nil, 300*time.Millisecond, func(cfg *agent.Config) {
+		cfg.Metrics = agent.MetricsConfig{Listener: agentLn, Interval: 200 * time.Millisecond, DCGM: true}
+	})
 	c.waitNodes(1)
 	ctx := context.Background()
 	var l api.Lease
@@ -43,11 +56,11 @@ func TestPrometheusScrapesServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check := exec.Command(promtool, "check", "metrics")
-	check.Stdin = bytes.NewReader(body)
-	if out, err := check.CombinedOutput(); err != nil {
-		t.Errorf("promtool check metrics: %v\n%s", err, out)
-	}
+	promtoolCheck(t, promtool, "the server's", body)
+	agentBody := getBody(t, "http://"+agentLn.Addr().String()+"/metrics")
+	// dcgm-exporter's names break Prometheus' naming rules by design
+	// (upper case, camelCase labels); promtool holds kiln's own families.
+	promtoolCheck(t, promtool, "the agent's", kilnFamilies(agentBody))
 
 	dir := t.TempDir()
 	u, err := url.Parse(c.url)
@@ -68,7 +81,9 @@ scrape_configs:
   authorization: {type: Bearer, credentials_file: %q}
   tls_config: {ca_file: %q}
   static_configs: [{targets: [%q]}]
-`, token, ca, u.Host)
+- job_name: kiln-agent
+  static_configs: [{targets: [%q]}]
+`, token, ca, u.Host, agentLn.Addr().String())
 	cfgFile := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -135,4 +150,135 @@ scrape_configs:
 	query(`sum(kiln_project_fair_share_ratio)`, func(_ map[string]string, v string) bool { return v == "1" })
 	query(`histogram_quantile(0.99, sum by (le) (rate(kiln_http_request_duration_seconds_bucket{route="/v1/agent/nodes/{node}/heartbeat"}[1m])))`,
 		func(_ map[string]string, v string) bool { return v != "NaN" && !strings.HasPrefix(v, "-") })
+
+	// The agent: one info series per GPU, kiln's own families, and
+	// dcgm-exporter's names with its labels.
+	query(`up{job="kiln-agent"}`, func(_ map[string]string, v string) bool { return v == "1" })
+	query(`count(kiln_gpu_info{job="kiln-agent", vendor="nvidia"})`, func(_ map[string]string, v string) bool { return v == "8" })
+	query(`count(kiln_gpu_memory_total_bytes > 0)`, func(_ map[string]string, v string) bool { return v == "8" })
+	query(`count(DCGM_FI_DEV_FB_FREE{Hostname="hgx"})`, func(_ map[string]string, v string) bool { return v == "8" })
+	query(`DCGM_FI_DEV_GPU_TEMP{gpu="0"}`, func(m map[string]string, _ string) bool {
+		return strings.HasPrefix(m["UUID"], "GPU-") && m["device"] == "nvidia0" && strings.Contains(m["modelName"], "H100") && m["pci_bus_id"] != ""
+	})
+	query(`kiln_agent_sample_ok`, func(_ map[string]string, v string) bool { return v == "1" })
+
+	// Every query of dashboard 12239, its variables set to every value.
+	for _, q := range dashboardQueries(t, "../testdata/grafana/dcgm-exporter-dashboard.json") {
+		if strings.Contains(q, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") {
+			// Tensor-core activity needs a profiling (GPM) sample, which the
+			// recording does not hold: kiln says it cannot give it.
+			query(`count(kiln_gpu_metric_supported{metric="tensor_activity"} == 0)`, func(_ map[string]string, v string) bool { return v == "8" })
+			continue
+		}
+		if strings.HasPrefix(q, "label_values(") {
+			metric, label, _ := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(q, "label_values("), ")"), ",")
+			label = strings.TrimSpace(label)
+			query(fmt.Sprintf("count(count by (%s) (%s))", label, metric), func(_ map[string]string, v string) bool { return v != "0" })
+			continue
+		}
+		query(q, func(_ map[string]string, v string) bool { return v != "NaN" })
+	}
+}
+
+// dashboardQueries are the PromQL queries of a Grafana dashboard's panels
+// and template variables, its variables ($instance, $gpu, ...) made to
+// match every value.
+func dashboardQueries(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Type  string          `json:"type"`
+				Query json.RawMessage `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	var qs []string
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			if tg.Expr != "" {
+				qs = append(qs, tg.Expr)
+			}
+		}
+	}
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		var q string
+		if json.Unmarshal(v.Query, &q) != nil {
+			var o struct {
+				Query string `json:"query"`
+			}
+			if json.Unmarshal(v.Query, &o) != nil {
+				continue
+			}
+			q = o.Query
+		}
+		qs = append(qs, q)
+	}
+	if len(qs) < 5 {
+		t.Fatalf("%s: %d queries; is it the dashboard?", path, len(qs))
+	}
+	vars := regexp.MustCompile(`\$\{?[A-Za-z_][A-Za-z0-9_]*\}?`)
+	for i, q := range qs {
+		qs[i] = vars.ReplaceAllString(q, ".+")
+	}
+	return qs
+}
+
+func promtoolCheck(t *testing.T, promtool, what string, body []byte) {
+	t.Helper()
+	check := exec.Command(promtool, "check", "metrics")
+	check.Stdin = bytes.NewReader(body)
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics on %s metrics: %v\n%s", what, err, out)
+	}
+}
+
+// kilnFamilies keeps the lines of kiln_ families of a text exposition.
+func kilnFamilies(body []byte) []byte {
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(body), "\n") {
+		name := line
+		if rest, ok := strings.CutPrefix(line, "# HELP "); ok {
+			name = rest
+		} else if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			name = rest
+		}
+		if strings.HasPrefix(name, "kiln_") {
+			out.WriteString(line)
+		}
+	}
+	return out.Bytes()
+}
+
+func getBody(t *testing.T, url string) []byte {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get(url)
+		if err == nil {
+			b, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == 200 && bytes.Contains(b, []byte("kiln_gpu_info")) {
+				return b
+			}
+			err = fmt.Errorf("%s: %v", resp.Status, rerr)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+	}
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +16,7 @@ import (
 
 	"kiln.dev/kiln/agent"
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/discover"
 	"kiln.dev/kiln/snapshot"
 )
 
@@ -26,6 +29,58 @@ type agentFlags struct {
 	heartbeat time.Duration
 	rescan    time.Duration
 	workdir   string
+	metrics   metricsFlags
+}
+
+// metricsFlags are the agent's Prometheus endpoint's flags.
+type metricsFlags struct {
+	addr     string
+	interval time.Duration
+	dcgm     bool
+}
+
+func (f *metricsFlags) add(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "metrics-addr", "", "serve the node's Prometheus metrics at http://ADDR/metrics (\":9402\" on every interface, \"127.0.0.1:9402\" on loopback); none when empty")
+	fl.DurationVar(&f.interval, "metrics-interval", 5*time.Second, "how often the node is sampled for its metrics (a scrape reads the last sample, never the hardware)")
+	fl.BoolVar(&f.dcgm, "dcgm-names", true, "also give NVIDIA GPUs' series dcgm-exporter's names, units and labels, for its Grafana dashboard and alerts")
+}
+
+// config opens the metrics listener and the node's sampler; the listener
+// is nil without --metrics-addr. close ends the sampler.
+func (f *metricsFlags) config(src *sourceFlags, recorded bool) (cfg agent.MetricsConfig, closeFn func(), err error) {
+	closeFn = func() {}
+	if f.addr == "" {
+		return cfg, closeFn, nil
+	}
+	if f.interval < 100*time.Millisecond {
+		return cfg, closeFn, fmt.Errorf("--metrics-interval %s: want 100ms or more", f.interval)
+	}
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return cfg, closeFn, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	cfg = agent.MetricsConfig{Listener: ln, Interval: f.interval, DCGM: f.dcgm}
+	if recorded {
+		return cfg, closeFn, nil // a recorded machine's values do not change
+	}
+	if !src.noNVML {
+		if smp, err := discover.OpenNVMLSampler(src.nvmlLib); err == nil {
+			cfg.Sample = func(ctx context.Context, base *snapshot.Snapshot) (*snapshot.Snapshot, error) {
+				r, err := smp.Sample(ctx)
+				if err != nil {
+					return nil, err
+				}
+				return discover.Resample(base, r), nil
+			}
+			return cfg, func() { _ = smp.Close() }, nil
+		} else if !errors.Is(err, discover.ErrNoNVML) {
+			slog.Warn("NVML does not answer: the node's metrics come from full discoveries", "err", err)
+		}
+	}
+	// No NVML (AMD GPUs, or none): each sample is a whole discovery.
+	cfg.Sample = func(ctx context.Context, _ *snapshot.Snapshot) (*snapshot.Snapshot, error) { return src.load(ctx, nil) }
+	return cfg, closeFn, nil
 }
 
 func (f *agentFlags) add(cmd *cobra.Command) {
@@ -36,6 +91,7 @@ func (f *agentFlags) add(cmd *cobra.Command) {
 	fl.DurationVar(&f.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval; keep it a third of the server's --heartbeat-timeout or less")
 	fl.DurationVar(&f.rescan, "rescan", 5*time.Minute, "how often the node is discovered again (changes are sent to the server)")
 	fl.StringVar(&f.workdir, "workdir", "", "where jobs without a working directory run (default: the agent's)")
+	f.metrics.add(cmd)
 }
 
 func (f *agentFlags) stateDir() string {
@@ -66,8 +122,13 @@ func (f *agentFlags) run(ctx context.Context, id *agent.Identity) error {
 	if noCtr != "" {
 		slog.Info("jobs that name an image do not run on this node", "reason", noCtr)
 	}
+	mcfg, closeSampler, err := f.metrics.config(&f.src, recorded)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer closeSampler()
 	a, err := agent.New(agent.Config{Identity: id, Executor: proc, Containers: ctr, NoContainers: noCtr, CDIDir: f.ctr.cdiDir,
-		Discover: discover, Recorded: recorded,
+		Discover: discover, Recorded: recorded, Metrics: mcfg,
 		Heartbeat: f.heartbeat, Rescan: f.rescan, WorkDir: f.workdir, Logger: slog.Default()})
 	if err != nil {
 		return &exitError{code: 3, err: err}
@@ -105,11 +166,21 @@ The server drains the devices named by critical doctor findings. The agent
 authenticates with the certificate it got when joining, and trusts only the CA it
 pinned then.
 
+With --metrics-addr, the agent serves the node's Prometheus metrics: per GPU
+utilisation, memory, power, temperatures, clocks, throttle reasons, PCIe link and
+replays, NVLink state, ECC and row remapping, Xid counts, MIG instances and AMD
+partitions, the doctor's findings, and kiln_gpu_metric_supported for what a GPU
+cannot give. It samples on its own interval (--metrics-interval; NVML stays loaded
+between samples) and a scrape only reads the last sample. --dcgm-names (on by
+default) adds dcgm-exporter's names for NVIDIA GPUs, so its Grafana dashboard
+(12239) and alerts work unchanged.
+
 With --from, the agent replays a recorded machine (a record bundle or captures)
 instead of this one: its GPUs are recorded, not real, and the server shows it.`,
 		Example: `  kiln agent
   kiln agent --state /var/lib/kiln/agent --heartbeat 5s
-  kiln agent --state ./demo-agent --from testdata/fixtures/h100-hgx8-sysfs   # a recorded machine`,
+  kiln agent --state ./demo-agent --from testdata/fixtures/h100-hgx8-sysfs   # a recorded machine
+  kiln agent --metrics-addr :9402                 # Prometheus scrapes http://NODE:9402/metrics`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := agent.LoadIdentity(f.stateDir())

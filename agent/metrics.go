@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/gpumetrics"
+	"kiln.dev/kiln/gpumetrics/prom"
+	"kiln.dev/kiln/snapshot"
+)
+
+// MetricsConfig sets up the agent's Prometheus endpoint.
+type MetricsConfig struct {
+	// Listener serves /metrics; nil: the agent serves no metrics.
+	Listener net.Listener
+	// Interval is how often the node is sampled (default 5s). A scrape
+	// reads the last sample; it never reads hardware.
+	Interval time.Duration
+	// Sample reads the node's changing values on the last full
+	// discovery's Snapshot (discover.Resample over an NVMLSampler on a
+	// live NVIDIA node); nil: the last full discovery as it is (a
+	// recorded machine).
+	Sample func(ctx context.Context, base *snapshot.Snapshot) (*snapshot.Snapshot, error)
+	// DCGM adds dcgm-exporter's names for NVIDIA GPUs.
+	DCGM bool
+}
+
+// metricsHandler serves the collector's metrics, on a registry of their
+// own.
+func metricsHandler(c *prom.Collector) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
+	return mux
+}
+
+// serveMetrics samples the node on its interval and serves /metrics until
+// ctx ends.
+func (a *Agent) serveMetrics(ctx context.Context) {
+	mc := a.cfg.Metrics
+	c := prom.New()
+	srv := &http.Server{Handler: metricsHandler(c), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
+	go func() {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shut)
+	}()
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := srv.Serve(mc.Listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Warn("the metrics endpoint stopped", "err", err)
+		}
+	}()
+	interval := mc.Interval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		if err := a.sampleOnce(ctx, c); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			c.Failed()
+			if !failing {
+				a.log.Warn("sampling the node for metrics failed; the series keep the last sample", "err", err)
+			}
+			failing = true
+		} else {
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sampleOnce takes one sample into c.
+func (a *Agent) sampleOnce(ctx context.Context, c *prom.Collector) error {
+	a.mu.Lock()
+	base, finds := a.snap, a.finds
+	a.mu.Unlock()
+	if base == nil {
+		return errors.New("the node was not discovered yet")
+	}
+	start := time.Now()
+	s := base
+	if f := a.cfg.Metrics.Sample; f != nil {
+		var err error
+		if s, err = f(ctx, base); err != nil {
+			return fmt.Errorf("sampling the node: %w", err)
+		}
+	}
+	in := gpumetrics.Input{Snapshot: s, Findings: findingsOf(finds), Hostname: a.node}
+	return c.Set(gpumetrics.Families(in, gpumetrics.Options{DCGM: a.cfg.Metrics.DCGM}), start, time.Since(start))
+}
+
+func findingsOf(fs []api.Finding) []gpumetrics.Finding {
+	out := make([]gpumetrics.Finding, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, gpumetrics.Finding{Check: f.ID, Severity: f.Severity, Devices: f.Devices})
+	}
+	return out
+}
