@@ -6,12 +6,18 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/executor"
 	"kiln.dev/kiln/gpumetrics"
 	"kiln.dev/kiln/gpumetrics/prom"
 	"kiln.dev/kiln/snapshot"
@@ -31,6 +37,9 @@ type MetricsConfig struct {
 	Sample func(ctx context.Context, base *snapshot.Snapshot) (*snapshot.Snapshot, error)
 	// DCGM adds dcgm-exporter's names for NVIDIA GPUs.
 	DCGM bool
+	// Proc is where the processes' cgroups are read (/proc when empty):
+	// PID/cgroup for each process a GPU lists.
+	Proc string
 }
 
 // metricsHandler serves the collector's metrics, on a registry of their
@@ -107,8 +116,81 @@ func (a *Agent) sampleOnce(ctx context.Context, c *prom.Collector) error {
 			return fmt.Errorf("sampling the node: %w", err)
 		}
 	}
-	in := gpumetrics.Input{Snapshot: s, Findings: findingsOf(finds), Hostname: a.node}
+	leases := a.leaseCgroups()
+	in := gpumetrics.Input{Snapshot: s, Findings: findingsOf(finds), Hostname: a.node, Leases: leases}
+	if len(leases) > 0 {
+		in.Cgroups = processCgroups(a.cfg.Metrics.Proc, s)
+	}
 	return c.Set(gpumetrics.Families(in, gpumetrics.Options{DCGM: a.cfg.Metrics.DCGM}), start, time.Since(start))
+}
+
+// cgroupMount is where the cgroup v2 hierarchy is mounted: a job's cgroup
+// directory below it is the path /proc/PID/cgroup gives.
+const cgroupMount = "/sys/fs/cgroup"
+
+// leaseCgroups are the leases of the jobs running here, each with the
+// cgroups of its jobs (those the executor gave one).
+func (a *Agent) leaseCgroups() []gpumetrics.Lease {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	byID := map[string]*gpumetrics.Lease{}
+	var order []string
+	for _, j := range a.jobs {
+		l := byID[j.a.LeaseID]
+		if l == nil {
+			l = &gpumetrics.Lease{ID: j.a.LeaseID, Project: j.a.Project, User: j.a.User}
+			byID[j.a.LeaseID] = l
+			order = append(order, j.a.LeaseID)
+		}
+		if c, ok := j.h.(executor.Cgrouped); ok && j.h != nil {
+			if dir := c.Cgroup(); dir != "" {
+				if rel, ok := strings.CutPrefix(dir, cgroupMount); ok && rel != "" {
+					l.Cgroups = append(l.Cgroups, rel)
+				}
+			}
+		}
+	}
+	sort.Strings(order)
+	out := make([]gpumetrics.Lease, 0, len(order))
+	for _, id := range order {
+		out = append(out, *byID[id])
+	}
+	return out
+}
+
+// processCgroups reads the cgroup v2 path of every process a GPU of s
+// lists; a process that is gone, or in another PID namespace than the
+// agent's /proc, is left out (its use is nobody's lease's).
+func processCgroups(proc string, s *snapshot.Snapshot) map[int]string {
+	if proc == "" {
+		proc = "/proc"
+	}
+	out := map[int]string{}
+	for _, g := range s.GPUs {
+		for _, p := range g.ProcessList {
+			if _, done := out[p.PID]; done || p.PID <= 0 {
+				continue
+			}
+			if c := readCgroup(proc, p.PID); c != "" {
+				out[p.PID] = c
+			}
+		}
+	}
+	return out
+}
+
+// readCgroup is a process's cgroup v2 path ("0::/kiln/job-j1"), or "".
+func readCgroup(proc string, pid int) string {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil || len(b) > 64<<10 {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "0::"); ok {
+			return strings.TrimSpace(rest)
+		}
+	}
+	return ""
 }
 
 func findingsOf(fs []api.Finding) []gpumetrics.Finding {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"kiln.dev/kiln/snapshot"
 )
@@ -190,7 +191,35 @@ type nvmlDevice interface {
 
 	FabricInfo() (nvmlFabric, error)
 	NUMANode() (int, error)
+
+	// Processes are the compute and graphics processes on the GPU, each
+	// PID once.
+	Processes() ([]nvmlProcess, error)
+	// ProcessUtilization is NVML's per-process samples taken after since
+	// (microseconds since the epoch).
+	ProcessUtilization(since uint64) ([]nvmlProcessUtil, error)
 }
+
+// nvmlProcess is a process on a GPU; memory is noMemory where NVML does
+// not say, gi and ci noInstance outside MIG.
+type nvmlProcess struct {
+	pid    uint32
+	memory uint64
+	gi, ci uint32
+}
+
+// nvmlProcessUtil is one per-process sample.
+type nvmlProcessUtil struct {
+	pid uint32
+	at  uint64 // microseconds since the epoch
+	sm  uint32 // percent
+}
+
+// NVML's "not available" answers in process lists.
+const (
+	noMemory   = ^uint64(0)
+	noInstance = ^uint32(0)
+)
 
 // nvmlMIGDevice is one MIG device (GPU instance + compute instance).
 type nvmlMIGDevice interface {
@@ -341,6 +370,48 @@ func readDevice(ctx context.Context, dev nvmlDevice, d *NVMLDevice) {
 	}
 	if v, err := dev.NUMANode(); c.ok("nvmlDeviceGetNumaNodeId", err) && v >= 0 {
 		d.NUMANode = &v
+	}
+	readProcesses(dev, d, c)
+}
+
+// processSampleWindow is how far back readProcesses takes NVML's
+// per-process samples.
+const processSampleWindow = 10 * time.Second
+
+// readProcesses lists the GPU's processes with their memory and, where
+// NVML samples them, their latest SM use.
+func readProcesses(dev nvmlDevice, d *NVMLDevice, c *collector) {
+	ps, err := dev.Processes()
+	if !c.ok("nvmlDeviceGetComputeRunningProcesses", err) {
+		return
+	}
+	sm := map[uint32]nvmlProcessUtil{}
+	if len(ps) > 0 {
+		since := uint64(time.Now().Add(-processSampleWindow).UnixMicro())
+		// NVML answers "not found" when no process ran in the window; MIG
+		// GPUs do not sample processes at all.
+		if us, err := dev.ProcessUtilization(since); err == nil {
+			for _, u := range us {
+				if u.at >= sm[u.pid].at {
+					sm[u.pid] = u
+				}
+			}
+		} else if !errors.Is(err, errNVMLNotFound) {
+			c.ok("nvmlDeviceGetProcessUtilization", err)
+		}
+	}
+	for _, p := range ps {
+		np := NVMLProcess{PID: int(p.pid)}
+		if p.memory != noMemory {
+			np.UsedMemoryBytes = snapshot.Ptr(p.memory)
+		}
+		if p.gi != noInstance && p.ci != noInstance {
+			np.GPUInstance, np.ComputeInstance = snapshot.Ptr(int(p.gi)), snapshot.Ptr(int(p.ci))
+		}
+		if u, ok := sm[p.pid]; ok {
+			np.SMUtil = snapshot.Ptr(u.sm)
+		}
+		d.Processes = append(d.Processes, np)
 	}
 }
 

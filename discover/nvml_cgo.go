@@ -544,3 +544,44 @@ func uuidString(u [16]uint8) string {
 	}
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
+
+func (x *goDevice) Processes() ([]nvmlProcess, error) {
+	if err := x.guard("nvmlDeviceGetComputeRunningProcesses"); err != nil {
+		return nil, err
+	}
+	compute, ret := x.d.GetComputeRunningProcesses()
+	if err := nvmlErr(ret); err != nil {
+		return nil, err
+	}
+	var graphics []nvml.ProcessInfo
+	if x.g.has("nvmlDeviceGetGraphicsRunningProcesses") {
+		if g, ret := x.d.GetGraphicsRunningProcesses(); ret == nvml.SUCCESS {
+			graphics = g
+		}
+	}
+	seen := map[uint32]bool{}
+	var out []nvmlProcess
+	for _, p := range append(compute, graphics...) {
+		if seen[p.Pid] {
+			continue
+		}
+		seen[p.Pid] = true
+		out = append(out, nvmlProcess{pid: p.Pid, memory: p.UsedGpuMemory, gi: p.GpuInstanceId, ci: p.ComputeInstanceId})
+	}
+	return out, nil
+}
+
+func (x *goDevice) ProcessUtilization(since uint64) ([]nvmlProcessUtil, error) {
+	if err := x.guard("nvmlDeviceGetProcessUtilization"); err != nil {
+		return nil, err
+	}
+	ss, ret := x.d.GetProcessUtilization(since)
+	if err := nvmlErr(ret); err != nil {
+		return nil, err
+	}
+	out := make([]nvmlProcessUtil, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, nvmlProcessUtil{pid: s.Pid, at: s.TimeStamp, sm: s.SmUtil})
+	}
+	return out, nil
+}

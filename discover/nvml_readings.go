@@ -104,9 +104,26 @@ type NVMLDevice struct {
 	Fabric   *NVMLFabric `json:"fabric,omitempty"`
 	NUMANode *int        `json:"numa_node,omitempty"`
 
+	// Processes are the compute and graphics processes on the GPU.
+	Processes []NVMLProcess `json:"processes,omitempty"`
+
 	// Failures are calls that failed for a reason other than "not
 	// supported" ("nvmlDeviceGetSerial: Insufficient Permissions").
 	Failures []string `json:"failures,omitempty"`
+}
+
+// NVMLProcess is a process on a GPU.
+type NVMLProcess struct {
+	PID int `json:"pid"`
+	// UsedMemoryBytes is unset where NVML does not say (it answers "not
+	// available" without the host's PID namespace, and on WDDM).
+	UsedMemoryBytes *uint64 `json:"used_memory_bytes,omitempty"`
+	// GPUInstance and ComputeInstance are set on MIG instances.
+	GPUInstance     *int `json:"gi,omitempty"`
+	ComputeInstance *int `json:"ci,omitempty"`
+	// SMUtil is its SM use in percent in NVML's latest sample, where NVML
+	// samples processes.
+	SMUtil *uint32 `json:"sm_util,omitempty"`
 }
 
 // NVMLClocks are current and maximum clocks in MHz.
@@ -338,6 +355,16 @@ func (d *NVMLDevice) gpu() snapshot.GPU {
 	}
 	if d.NUMANode != nil && *d.NUMANode >= 0 {
 		g.NUMANode = snapshot.Ptr(*d.NUMANode)
+	}
+	if len(d.Processes) > 0 {
+		g.Processes = len(d.Processes)
+		for _, p := range d.Processes {
+			gp := snapshot.GPUProcess{PID: p.PID, MemoryBytes: p.UsedMemoryBytes, GPUInstance: p.GPUInstance, ComputeInstance: p.ComputeInstance}
+			if p.SMUtil != nil {
+				gp.SMPercent = snapshot.Ptr(float64(*p.SMUtil))
+			}
+			g.ProcessList = append(g.ProcessList, gp)
+		}
 	}
 	if d.MemoryTotalBytes != nil {
 		g.MemoryTotalBytes = *d.MemoryTotalBytes

@@ -65,6 +65,8 @@ type fakeDevice struct {
 	links                                   []fakeLink
 	fabric                                  nvmlFabric
 	numa                                    int
+	procs                                   []nvmlProcess
+	procUtil                                []nvmlProcessUtil
 	errs                                    map[string]error
 }
 
@@ -247,8 +249,12 @@ func (f *fakeDevice) NVLinkRemotePCI(l int) (string, error) { return f.links[l].
 func (f *fakeDevice) NVLinkRemoteDeviceType(l int) (int, error) {
 	return ans(f, "NVLinkRemoteDeviceType", f.links[l].remoteType)
 }
-func (f *fakeDevice) FabricInfo() (nvmlFabric, error) { return ans(f, "FabricInfo", f.fabric) }
-func (f *fakeDevice) NUMANode() (int, error)          { return ans(f, "NUMANode", f.numa) }
+func (f *fakeDevice) FabricInfo() (nvmlFabric, error)   { return ans(f, "FabricInfo", f.fabric) }
+func (f *fakeDevice) NUMANode() (int, error)            { return ans(f, "NUMANode", f.numa) }
+func (f *fakeDevice) Processes() ([]nvmlProcess, error) { return ans(f, "Processes", f.procs) }
+func (f *fakeDevice) ProcessUtilization(uint64) ([]nvmlProcessUtil, error) {
+	return ans(f, "ProcessUtilization", f.procUtil)
+}
 
 // h100 is GPU 00000000:75:00.0 of the 8x H100 HGX capture in
 // testdata/captures/nvidia-smi-q, as NVML would give it, on NVSwitches.

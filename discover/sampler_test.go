@@ -73,3 +73,44 @@ func TestSamplerClosed(t *testing.T) {
 		t.Fatalf("second close: %v", err)
 	}
 }
+
+// TestProcesses: NVML's process lists become the GPU's processes, each PID
+// once, with its memory where NVML says it, its MIG instance, and its SM
+// use from the latest of its samples; a process NVML has no sample of
+// gets none.
+func TestProcesses(t *testing.T) {
+	lib := fakeH100Node()
+	lib.devices[0].procs = []nvmlProcess{
+		{pid: 100, memory: 2 << 30, gi: noInstance, ci: noInstance},
+		{pid: 200, memory: noMemory, gi: noInstance, ci: noInstance},
+		{pid: 300, memory: 1 << 30, gi: 3, ci: 0},
+	}
+	lib.devices[0].procUtil = []nvmlProcessUtil{{pid: 100, at: 10, sm: 40}, {pid: 100, at: 20, sm: 55}, {pid: 100, at: 15, sm: 1}}
+	r, err := collectNVML(context.Background(), lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &snapshot.Snapshot{}
+	r.Apply(s)
+	g := s.GPUs[0]
+	if g.Processes != 3 || len(g.ProcessList) != 3 {
+		t.Fatalf("processes %d, list %+v; want 3", g.Processes, g.ProcessList)
+	}
+	p := g.ProcessList
+	if p[0].PID != 100 || p[0].MemoryBytes == nil || *p[0].MemoryBytes != 2<<30 || p[0].SMPercent == nil || *p[0].SMPercent != 55 {
+		t.Errorf("process 100: %+v (want 2 GiB and the latest sample, 55%%)", p[0])
+	}
+	if p[1].MemoryBytes != nil || p[1].SMPercent != nil {
+		t.Errorf("process 200: NVML did not say its memory nor sample it, got %+v", p[1])
+	}
+	if p[2].GPUInstance == nil || *p[2].GPUInstance != 3 || p[2].ComputeInstance == nil || *p[2].ComputeInstance != 0 {
+		t.Errorf("process 300 on MIG instance 3/0: %+v", p[2])
+	}
+	if p[0].GPUInstance != nil {
+		t.Errorf("process 100 is on the whole GPU, got instance %v", *p[0].GPUInstance)
+	}
+	got := Resample(s, r)
+	if len(got.GPUs[0].ProcessList) != 3 {
+		t.Errorf("resampled processes: %+v", got.GPUs[0].ProcessList)
+	}
+}

@@ -124,6 +124,15 @@ type Handle interface {
 	Stop(ctx context.Context, grace time.Duration) error
 }
 
+// Cgrouped is a Handle whose job runs in a cgroup v2 of its own: every
+// process the job starts is in it or below it, which is how the agent
+// tells a GPU's processes by lease.
+type Cgrouped interface {
+	// Cgroup is the job's cgroup directory (/sys/fs/cgroup/kiln/job-j1);
+	// empty when the job got none.
+	Cgroup() string
+}
+
 // ExecSpec is a command to run beside a running job (kiln exec, kiln
 // shell): as the job's user, with its environment, file system view and
 // limits. An empty Command runs a shell.

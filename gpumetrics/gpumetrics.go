@@ -10,9 +10,12 @@
 // speaks no protocol. gpumetrics/prom turns the families into a
 // Prometheus collector for the agent's /metrics.
 //
-// Device series carry the GPU's index and UUID only; what describes a GPU
-// (model, PCI address, VBIOS) lives on kiln_gpu_info, so that a series
-// does not change identity when a description does. A reading the GPU
+// Device series carry the GPU's index and UUID only; a lease's project
+// and user are on kiln_lease_info, joined on the lease label of the
+// per-lease series (kiln_lease_gpu_*), so values are never copied to every
+// lease that shares a GPU. What describes a GPU (model, PCI address,
+// VBIOS) lives on kiln_gpu_info, so that a series does not change identity
+// when a description does. A reading the GPU
 // cannot give is not left missing without a word: kiln_gpu_metric_supported
 // says, per GPU and reading, whether the sample had it.
 package gpumetrics
@@ -63,6 +66,11 @@ type Input struct {
 	// Findings are the doctor's findings on the Snapshot (the last full
 	// discovery's).
 	Findings []Finding
+	// Leases are the leases whose jobs run on the node, and Cgroups the
+	// cgroup of each GPU process (PID to path): they divide the GPUs'
+	// processes and memory between leases (Attribute).
+	Leases  []Lease
+	Cgroups map[int]string
 	// Hostname labels dcgm-exporter's series (its Hostname label); the
 	// Snapshot's host name when empty.
 	Hostname string
@@ -109,6 +117,7 @@ func Families(in Input, opt Options) []Family {
 	for i := range s.GPUs {
 		b.gpu(s, &s.GPUs[i], in.Findings)
 	}
+	b.leases(s, in.Leases, in.Cgroups)
 	if opt.DCGM {
 		host := in.Hostname
 		if host == "" {

@@ -242,6 +242,9 @@ type GPU struct {
 	// Virtualization is "Pass-Through", "VGPU", "None" where reported.
 	Virtualization string `json:"virtualization,omitempty"`
 	Processes      int    `json:"processes,omitempty"`
+	// ProcessList is the processes using the GPU where the driver lists
+	// them (NVML), with what each uses.
+	ProcessList []GPUProcess `json:"process_list,omitempty"`
 
 	ECC          *ECC          `json:"ecc,omitempty"`
 	RetiredPages *RetiredPages `json:"retired_pages,omitempty"`
@@ -269,6 +272,21 @@ type GPU struct {
 	XGMIHive string `json:"xgmi_hive,omitempty"`
 	// Matrix name of this GPU in an imported topology matrix ("GPU0").
 	MatrixName string `json:"matrix_name,omitempty"`
+}
+
+// GPUProcess is a process using a GPU, as the driver lists it.
+type GPUProcess struct {
+	// PID is in the driver's (the host's) PID namespace.
+	PID int `json:"pid"`
+	// MemoryBytes is the GPU memory it uses; nil where the driver does not
+	// say (it hides it from a container without the host's PIDs).
+	MemoryBytes *uint64 `json:"memory_bytes,omitempty"`
+	// GPUInstance and ComputeInstance place it on a MIG instance.
+	GPUInstance     *int `json:"gi,omitempty"`
+	ComputeInstance *int `json:"ci,omitempty"`
+	// SMPercent is its share of the SMs' time in the driver's last
+	// samples, where the driver samples processes (not under MIG).
+	SMPercent *float64 `json:"sm_percent,omitempty"`
 }
 
 // InfoROM holds NVIDIA InfoROM versions and validity.

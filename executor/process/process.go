@@ -270,6 +270,9 @@ func (h *handle) removeCgroup() {
 // Logs implements executor.Handle.
 func (h *handle) Logs() io.ReadCloser { return h.logs.reader() }
 
+// Cgroup is the job's cgroup directory, or "" (executor.Cgrouped).
+func (h *handle) Cgroup() string { return h.cgroup }
+
 // Wait implements executor.Handle.
 func (h *handle) Wait(ctx context.Context) (executor.Exit, error) {
 	select {

@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/gpumetrics/prom"
+	"kiln.dev/kiln/snapshot"
+)
+
+// cgroupHandle is a running job in a cgroup.
+type cgroupHandle struct{ dir string }
+
+func (cgroupHandle) Logs() io.ReadCloser                         { return io.NopCloser(nil) }
+func (cgroupHandle) Wait(context.Context) (executor.Exit, error) { return executor.Exit{}, nil }
+func (cgroupHandle) Stop(context.Context, time.Duration) error   { return nil }
+func (h cgroupHandle) Cgroup() string                            { return h.dir }
+
+// TestSampleAttributesLeases: a sample divides a GPU's processes between
+// the leases whose jobs' cgroups hold them (read from the processes'
+// /proc entries), with project and user on kiln_lease_info only; what no
+// lease holds is the GPU's unattributed rest.
+func TestSampleAttributesLeases(t *testing.T) {
+	proc := t.TempDir()
+	for pid, cg := range map[string]string{"101": "0::/kiln/job-j1/worker\n", "202": "0::/kiln/job-j2\n", "303": "0::/user.slice/other\n"} {
+		if err := os.MkdirAll(filepath.Join(proc, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const gib = 1 << 30
+	snap := &snapshot.Snapshot{GPUs: []snapshot.GPU{{Index: 0, UUID: "GPU-x", Vendor: snapshot.VendorNVIDIA, MemoryTotalBytes: 80 * gib, MemoryUsedBytes: 10 * gib,
+		ProcessList: []snapshot.GPUProcess{{PID: 101, MemoryBytes: snapshot.Ptr(uint64(3 * gib))}, {PID: 202, MemoryBytes: snapshot.Ptr(uint64(2 * gib))},
+			{PID: 303, MemoryBytes: snapshot.Ptr(uint64(1 * gib))}, {PID: 404, MemoryBytes: snapshot.Ptr(uint64(1 * gib))}}}}}
+	a := &Agent{node: "n1", log: slog.New(slog.NewTextHandler(io.Discard, nil)), snap: snap,
+		cfg: Config{Metrics: MetricsConfig{Proc: proc}},
+		jobs: map[string]*job{
+			"j1": {a: api.Assignment{JobID: "j1", LeaseID: "l-1", Project: "vision", User: "ana"}, h: cgroupHandle{"/sys/fs/cgroup/kiln/job-j1"}},
+			"j2": {a: api.Assignment{JobID: "j2", LeaseID: "l-2", Project: "nlp", User: "bo"}, h: cgroupHandle{"/sys/fs/cgroup/kiln/job-j2"}},
+		}}
+	c := prom.New()
+	if err := a.sampleOnce(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP kiln_lease_gpu_memory_used_bytes GPU memory a lease's processes use, by GPU and MIG instance.
+# TYPE kiln_lease_gpu_memory_used_bytes gauge
+kiln_lease_gpu_memory_used_bytes{gpu="0",lease="l-1",mig_instance="",uuid="GPU-x"} 3.221225472e+09
+kiln_lease_gpu_memory_used_bytes{gpu="0",lease="l-2",mig_instance="",uuid="GPU-x"} 2.147483648e+09
+# HELP kiln_gpu_unattributed_memory_bytes GPU memory in use that no lease accounts for: the driver's own and processes kiln did not start.
+# TYPE kiln_gpu_unattributed_memory_bytes gauge
+kiln_gpu_unattributed_memory_bytes{gpu="0",uuid="GPU-x"} 5.36870912e+09
+# HELP kiln_gpu_unattributed_processes Processes on the GPU that no lease accounts for.
+# TYPE kiln_gpu_unattributed_processes gauge
+kiln_gpu_unattributed_processes{gpu="0",uuid="GPU-x"} 2
+# HELP kiln_lease_info A lease whose jobs run on the node (1), with its project and user: join on lease for the per-lease series.
+# TYPE kiln_lease_info gauge
+kiln_lease_info{lease="l-1",project="vision",user="ana"} 1
+kiln_lease_info{lease="l-2",project="nlp",user="bo"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "kiln_lease_gpu_memory_used_bytes", "kiln_gpu_unattributed_memory_bytes",
+		"kiln_gpu_unattributed_processes", "kiln_lease_info"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestReadCgroup reads this process's own cgroup v2 path.
+func TestReadCgroup(t *testing.T) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil || !strings.Contains(string(b), "0::") {
+		t.Skip("no cgroup v2 here")
+	}
+	got := readCgroup("/proc", os.Getpid())
+	if !strings.HasPrefix(got, "/") {
+		t.Errorf("readCgroup(self) = %q, want a path", got)
+	}
+	if readCgroup("/proc", 1<<30) != "" {
+		t.Error("a process that does not exist has a cgroup")
+	}
+}
