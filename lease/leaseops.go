@@ -63,7 +63,7 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 			allowed = intersect(allowed, nodes)
 		}
 	}
-	sandboxRefusal := ""
+	sandboxRefusal, sandboxKind := "", RefusedSandbox
 	if req.Placement == api.PlacementScheduler {
 		// Only Pods' devices can be picked by the kube-scheduler.
 		var nodes []string
@@ -73,7 +73,7 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 			}
 		}
 		if len(nodes) == 0 {
-			sandboxRefusal = "placement scheduler: no node runs its jobs as Pods, so no kube-scheduler can pick devices (nodes of kiln server --backend kubernetes do); leave the placement to kiln"
+			sandboxRefusal, sandboxKind = "placement scheduler: no node runs its jobs as Pods, so no kube-scheduler can pick devices (nodes of kiln server --backend kubernetes do); leave the placement to kiln", RefusedNoPods
 		}
 		if allowed == nil {
 			allowed = nodes
@@ -88,7 +88,7 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 		}
 		if len(nodes) == 0 {
 			// An empty list of nodes would mean any node.
-			sandboxRefusal = fmt.Sprintf("no node gives its jobs %s, and kiln never runs them with less: %s", strings.Join(req.Require, ", "), why)
+			sandboxRefusal, sandboxKind = fmt.Sprintf("no node gives its jobs %s, and kiln never runs them with less: %s", strings.Join(req.Require, ", "), why), RefusedSandbox
 		}
 		if allowed == nil {
 			allowed = nodes
@@ -99,10 +99,10 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 	if allowed != nil {
 		ls.req.Constraints.Nodes = intersect(ls.req.Constraints.Nodes, allowed)
 		if len(req.Require) > 0 && len(ls.req.Constraints.Nodes) == 0 && sandboxRefusal == "" {
-			sandboxRefusal = fmt.Sprintf("none of the nodes asked for gives its jobs %s", strings.Join(req.Require, ", "))
+			sandboxRefusal, sandboxKind = fmt.Sprintf("none of the nodes asked for gives its jobs %s", strings.Join(req.Require, ", ")), RefusedSandbox
 		}
 		if req.Placement == api.PlacementScheduler && len(ls.req.Constraints.Nodes) == 0 && sandboxRefusal == "" {
-			sandboxRefusal = "placement scheduler: none of the nodes that may run the image runs its jobs as Pods"
+			sandboxRefusal, sandboxKind = "placement scheduler: none of the nodes that may run the image runs its jobs as Pods", RefusedNoPods
 		}
 	}
 	b := newChanges(now)
@@ -119,9 +119,9 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 	b.lease(l)
 	b.Event("lease.created", l.ID, l.Project, "%s asks for %s", l.User, req.Size())
 	if sandboxRefusal != "" {
-		s.finishLease(ls, api.LeaseRefused, sandboxRefusal, now, b)
-	} else if reason := s.refusal(ls, allowed, noContainers, now); reason != "" {
-		s.finishLease(ls, api.LeaseRefused, reason, now, b)
+		s.refuse(ls, sandboxKind, sandboxRefusal, now, b)
+	} else if reason, kind := s.refusal(ls, allowed, noContainers, now); reason != "" {
+		s.refuse(ls, kind, reason, now, b)
 	} else {
 		ls.checkFit = true
 		s.schedule(now, b)

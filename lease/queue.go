@@ -26,6 +26,42 @@ type Changes struct {
 	Usage  []Usage
 	Events []api.Event
 	Ended  []string
+	// Refusals are the leases refused, each with the kind of its reason
+	// (for counting; the reason's text is on the lease).
+	Refusals []Refusal
+}
+
+// Refusal is a lease refused and why, as a kind.
+type Refusal struct {
+	Lease, Project string
+	Kind           RefusalKind
+}
+
+// RefusalKind names why a lease was refused, for metrics and tools that
+// count refusals: the lease's Reason says it in words.
+type RefusalKind string
+
+// The kinds of refusal.
+const (
+	// RefusedSandbox: no node it may use gives its jobs what it requires.
+	RefusedSandbox RefusalKind = "sandbox"
+	// RefusedNoPods: it asks the cluster's scheduler to place it and no
+	// node runs jobs as Pods.
+	RefusedNoPods RefusalKind = "no-pod-nodes"
+	// RefusedMaxGPUs: it asks for more GPUs than its project may hold.
+	RefusedMaxGPUs RefusalKind = "project-max-gpus"
+	// RefusedGPUHours: its project used its GPU-hours for the period.
+	RefusedGPUHours RefusalKind = "project-gpu-hours"
+	// RefusedImage: no node it may use runs its image.
+	RefusedImage RefusalKind = "image"
+	// RefusedNeverFits: no node could hold it even with every GPU free.
+	RefusedNeverFits RefusalKind = "never-fits"
+)
+
+// refuse ends a lease as refused, with the reason and its kind.
+func (s *Core) refuse(ls *leaseState, kind RefusalKind, reason string, now time.Time, b *Changes) {
+	s.finishLease(ls, api.LeaseRefused, reason, now, b)
+	b.Refusals = append(b.Refusals, Refusal{Lease: ls.l.ID, Project: ls.l.Project, Kind: kind})
 }
 
 // Drain is a device's new drain state.
@@ -74,7 +110,7 @@ func (b *Changes) Event(kind, subject, project, format string, args ...any) {
 
 // Empty reports whether nothing changed.
 func (b *Changes) Empty() bool {
-	return len(b.Leases) == 0 && len(b.Jobs) == 0 && len(b.Nodes) == 0 && len(b.Drains) == 0 && len(b.Usage) == 0 && len(b.Events) == 0 && len(b.Ended) == 0
+	return len(b.Leases) == 0 && len(b.Jobs) == 0 && len(b.Nodes) == 0 && len(b.Drains) == 0 && len(b.Usage) == 0 && len(b.Events) == 0 && len(b.Ended) == 0 && len(b.Refusals) == 0
 }
 
 // views returns the placement view of every ready node. The list is kept:
@@ -301,7 +337,7 @@ func (s *Core) schedule(now time.Time, b *Changes) {
 		ps := s.project(pick, now)
 		if ps.p.GPUHours > 0 {
 			if used := s.usedHours(ps, now); used >= ps.p.GPUHours {
-				s.finishLease(ls, api.LeaseRefused, fmt.Sprintf("project %s used %.1f of its %g GPU-hours in the period that started %s", pick, used, ps.p.GPUHours, ps.period.Format(time.RFC3339)), now, b)
+				s.refuse(ls, RefusedGPUHours, fmt.Sprintf("project %s used %.1f of its %g GPU-hours in the period that started %s", pick, used, ps.p.GPUHours, ps.period.Format(time.RFC3339)), now, b)
 				continue
 			}
 		}

@@ -10,7 +10,6 @@ import (
 
 	"kiln.dev/kiln/placement"
 
-	"kiln.dev/kiln/api"
 )
 
 func intersect(a, b []string) []string {
@@ -122,25 +121,25 @@ func whyNot(why map[string]string, none bool, all string) string {
 }
 
 // refusal says why a lease cannot be granted as asked whatever the
-// devices hold (quotas, images), or "".
+// devices hold (quotas, images), and the kind of it; "" when it can.
 // noContainers says why nodes cannot run the lease's image, if it has one.
-func (s *Core) refusal(ls *leaseState, allowed []string, noContainers string, now time.Time) string {
+func (s *Core) refusal(ls *leaseState, allowed []string, noContainers string, now time.Time) (string, RefusalKind) {
 	ps := s.project(ls.l.Project, now)
 	if ps.p.MaxGPUs > 0 && ls.need > ps.p.MaxGPUs+1e-9 {
-		return fmt.Sprintf("asks for %g GPUs; project %s may hold at most %g at once", ls.need, ps.p.Name, ps.p.MaxGPUs)
+		return fmt.Sprintf("asks for %g GPUs; project %s may hold at most %g at once", ls.need, ps.p.Name, ps.p.MaxGPUs), RefusedMaxGPUs
 	}
 	if ps.p.GPUHours > 0 {
 		if used := s.usedHours(ps, now); used >= ps.p.GPUHours {
-			return fmt.Sprintf("project %s used %.1f of its %g GPU-hours in this period", ps.p.Name, used, ps.p.GPUHours)
+			return fmt.Sprintf("project %s used %.1f of its %g GPU-hours in this period", ps.p.Name, used, ps.p.GPUHours), RefusedGPUHours
 		}
 	}
 	if allowed != nil && len(ls.req.Constraints.Nodes) == 0 && ls.l.Request.Job != nil && ls.l.Request.Job.Image != "" {
 		if len(allowed) == 0 && noContainers != "" {
-			return fmt.Sprintf("image %s: no node runs containers: %s", ls.l.Request.Job.Image, noContainers)
+			return fmt.Sprintf("image %s: no node runs containers: %s", ls.l.Request.Job.Image, noContainers), RefusedImage
 		}
-		return fmt.Sprintf("image %s runs on no node it may use (kiln compat, container executors, the nodes asked for)", ls.l.Request.Job.Image)
+		return fmt.Sprintf("image %s runs on no node it may use (kiln compat, container executors, the nodes asked for)", ls.l.Request.Job.Image), RefusedImage
 	}
-	return ""
+	return "", ""
 }
 
 // refuseIfNeverFits refuses a new lease that could not fit even if every
@@ -152,7 +151,7 @@ func (s *Core) refuseIfNeverFits(ls *leaseState, now time.Time, b *Changes) bool
 	}
 	ls.checkFit = false
 	if reason := s.neverFits(ls); reason != "" {
-		s.finishLease(ls, api.LeaseRefused, reason, now, b)
+		s.refuse(ls, RefusedNeverFits, reason, now, b)
 		return true
 	}
 	return false

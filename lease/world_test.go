@@ -20,6 +20,7 @@ type world struct {
 	kept    map[string]*api.Lease // every lease as last persisted
 	events  []api.Event
 	running map[string]map[string]bool // node -> jobs its agent runs
+	refused []Refusal
 }
 
 var t0 = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
@@ -71,6 +72,7 @@ func (w *world) keep(b *Changes) {
 		w.kept[id] = &c
 	}
 	w.events = append(w.events, b.Events...)
+	w.refused = append(w.refused, b.Refusals...)
 	w.check()
 }
 

@@ -24,6 +24,7 @@ type metrics struct {
 	grants      *prometheus.CounterVec
 	ends        *prometheus.CounterVec
 	preemptions *prometheus.CounterVec
+	refusals    *prometheus.CounterVec
 	wait        *prometheus.HistogramVec
 	gpuSeconds  *prometheus.CounterVec
 	handler     http.Handler // the scrape, made once
@@ -41,13 +42,15 @@ func newMetrics(s *Server) *metrics {
 			Help: "Leases ended, by project and final state (done, cancelled, refused, preempted, expired, lost)."}, []string{"project", "state"}),
 		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln_lease_preemptions_total",
 			Help: "Preemption notices given to leases, by project of the lease preempted."}, []string{"project"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln_lease_refusals_total",
+			Help: "Leases refused, by project and reason: sandbox, no-pod-nodes, project-max-gpus, project-gpu-hours, image, never-fits."}, []string{"project", "reason"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kiln_lease_wait_seconds",
 			Help:    "Time from a lease's request to its grant, by project.",
 			Buckets: []float64{.01, .1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600}}, []string{"project"}),
 		gpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln_project_gpu_seconds_total",
 			Help: "GPU-seconds of ended leases, by project (what fair share and GPU-hour quotas count)."}, []string{"project"}),
 	}
-	m.reg.MustRegister(m.requests, m.grants, m.ends, m.preemptions, m.wait, m.gpuSeconds, stateCollector{s})
+	m.reg.MustRegister(m.requests, m.grants, m.ends, m.preemptions, m.refusals, m.wait, m.gpuSeconds, stateCollector{s})
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	return m
 }
@@ -74,6 +77,9 @@ func (m *metrics) observe(b *lease.Changes) {
 	}
 	for _, u := range b.Usage {
 		m.gpuSeconds.WithLabelValues(u.Project).Add(u.Seconds)
+	}
+	for _, r := range b.Refusals {
+		m.refusals.WithLabelValues(r.Project, string(r.Kind)).Inc()
 	}
 }
 

@@ -99,6 +99,7 @@ func TestServerMetrics(t *testing.T) {
 		{"kiln_lease_grants_total", []string{"project", "default"}, 1},
 		{"kiln_lease_wait_seconds", []string{"project", "default"}, 1},
 		{"kiln_lease_ends_total", []string{"project", "vision", "state", "refused"}, 1},
+		{"kiln_lease_refusals_total", []string{"project", "vision", "reason", "never-fits"}, 1},
 		{"kiln_project_gpus_held", []string{"project", "default"}, 2},
 		{"kiln_project_queued_leases", []string{"project", "vision"}, 0},
 		{"kiln_project_fair_share_ratio", []string{"project", "vision"}, 0.75},
