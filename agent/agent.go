@@ -281,7 +281,7 @@ func (a *Agent) rediscover(ctx context.Context) (bool, error) {
 	var finds []api.Finding
 	if rep, err := doctor.Run(ctx, s, kb.Default()); err == nil {
 		for _, f := range rep.Findings {
-			finds = append(finds, api.Finding{ID: f.ID, Severity: f.Severity.String(), Title: f.Title, Devices: f.Devices})
+			finds = append(finds, api.Finding{ID: f.ID, Severity: f.Severity.String(), Title: f.Title, Devices: f.Devices, Remedy: f.Remedy})
 		}
 	}
 	shape := shapeOf(s, finds)

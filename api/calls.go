@@ -605,6 +605,16 @@ func (c *Client) RefuseTunnel(ctx context.Context, node, id, why string) error {
 
 // BrowserLink makes a link that opens the HTTP path to a port of the
 // lease's job in a browser (one visit, within minutes).
+// UILink asks for a link that signs a browser in to the web page (/ui/)
+// as the caller, once.
+func (c *Client) UILink(ctx context.Context) (*BrowserLink, error) {
+	var out BrowserLink
+	if err := c.call(ctx, "POST", nil, nil, &out, "/v1/ui/link"); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 func (c *Client) BrowserLink(ctx context.Context, leaseID string, port int) (*BrowserLink, error) {
 	var out BrowserLink
 	if err := c.call(ctx, "POST", nil, nil, &out, "/v1/leases/{lease id}/ports/{port}/browser", leaseID, strconv.Itoa(port)); err != nil {

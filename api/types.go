@@ -357,6 +357,8 @@ type Finding struct {
 	Severity string   `json:"severity"`
 	Title    string   `json:"title"`
 	Devices  []string `json:"devices,omitempty"`
+	// Remedy says what fixes it.
+	Remedy string `json:"remedy,omitempty"`
 }
 
 // Error is the body of every error response.

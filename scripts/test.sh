@@ -30,6 +30,9 @@ command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 # The server's /metrics is scraped by a real Prometheus and checked with
 # promtool, both from Debian's prometheus.
 [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || need_apt+=(prometheus)
+# The web page's browser test drives Debian's Chromium (headless) through
+# chromedp.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # The API description's linter (Redocly CLI, scripts/openapi.sh) comes from
 # npm and wants Node.js 20.19 or newer.
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)

@@ -491,6 +491,7 @@ const (
 	maxSnapshotText  = 256     // a model, a driver version, a UUID
 	maxNodeRunning   = 100000
 	maxNodeFindings  = 10000
+	maxGPUProcesses  = 4096
 	maxMIGPerGPU     = 64
 	maxHostnameBytes = 253
 )
@@ -536,9 +537,12 @@ func plausible(r *api.RegisterRequest) error {
 		if g.MIG != nil && len(g.MIG.Instances) > maxMIGPerGPU {
 			return fmt.Errorf("snapshot: more than %d MIG instances on a GPU", maxMIGPerGPU)
 		}
+		if len(g.ProcessList) > maxGPUProcesses {
+			return fmt.Errorf("snapshot: more than %d processes on a GPU", maxGPUProcesses)
+		}
 	}
 	for _, f := range r.Findings {
-		if len(f.ID) > maxSnapshotText || len(f.Title) > 4096 || len(f.Devices) > maxNodeGPUs {
+		if len(f.ID) > maxSnapshotText || len(f.Title) > 4096 || len(f.Remedy) > 4096 || len(f.Devices) > maxNodeGPUs {
 			return errors.New("snapshot: a finding too large")
 		}
 	}

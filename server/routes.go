@@ -84,6 +84,7 @@ func (s *Server) routes() []route {
 		{"PATCH", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"DELETE", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"POST", "/v1/leases/{id}/ports/{port}/browser", authUser, s.browserLink},
+		{"POST", "/v1/ui/link", authUser, s.uiLink},
 		{"GET", "/v1/agent/nodes/{node}/tunnels", authAgent, s.tunnelOrders},
 		{"POST", "/v1/agent/nodes/{node}/tunnels/{tid}", authAgent, s.tunnelAccept},
 	}
@@ -108,6 +109,9 @@ func (s *Server) Handler() http.Handler {
 	for _, rt := range s.routes() {
 		mux.HandleFunc(rt.method+" "+rt.path, s.metrics.timed(rt, s.guard(rt)))
 	}
+	ui := s.uiHandler()
+	mux.Handle("/ui/", ui)
+	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if s.authenticate(r) == nil {
 			if s.limited(w, r) {

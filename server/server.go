@@ -170,6 +170,7 @@ type Server struct {
 	tunnels      *tunnelHub
 	proxies      proxyPool // the HTTP path's kept-alive tunnels
 	portSessions *portSessions
+	uiSessions   *uiSessions
 	closing      chan struct{}
 	closeOnce    sync.Once
 
@@ -290,6 +291,7 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		logs:         newLogHub(filepath.Join(cfg.DataDir, "logs")),
 		tunnels:      newTunnelHub(),
 		portSessions: newPortSessions(),
+		uiSessions:   newUISessions(),
 		closing:      make(chan struct{}),
 		agents:       map[string]*agentInfo{},
 		users:        map[string]*userInfo{},

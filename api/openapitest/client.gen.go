@@ -418,10 +418,13 @@ type ExitReport struct {
 
 // Finding a doctor finding the agent reports with its snapshot
 type Finding struct {
-	Devices  *[]string `json:"devices,omitempty"`
-	ID       string    `json:"id"`
-	Severity string    `json:"severity"`
-	Title    string    `json:"title"`
+	Devices *[]string `json:"devices,omitempty"`
+	ID      string    `json:"id"`
+
+	// Remedy what fixes it
+	Remedy   *string `json:"remedy,omitempty"`
+	Severity string  `json:"severity"`
+	Title    string  `json:"title"`
 }
 
 // Heartbeat defines model for Heartbeat.
@@ -1605,6 +1608,17 @@ type ClientInterface interface {
 	// Corresponds with DELETE /v1/tokens/{id} (the `DeleteToken` operationId).
 	DeleteToken(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// UILink A link that signs a browser in to the web page at /ui/
+	//
+	// The link holds a one-time code, good for two minutes; the first visit
+	// trades it for a session cookie for /ui/ (HttpOnly, Secure,
+	// SameSite=Strict, twelve hours) and goes on to the page without the
+	// code. The session has the rights of the token that asked for the
+	// link, and ends when that token is revoked. 'kiln ui' prints it.
+	//
+	// Corresponds with POST /v1/ui/link (the `UILink` operationId).
+	UILink(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListUsers Users (admins)
 	//
 	// Corresponds with GET /v1/users (the `ListUsers` operationId).
@@ -2562,6 +2576,27 @@ func (c *Client) CreateToken(ctx context.Context, body CreateTokenJSONRequestBod
 // Corresponds with DELETE /v1/tokens/{id} (the `DeleteToken` operationId).
 func (c *Client) DeleteToken(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDeleteTokenRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UILink A link that signs a browser in to the web page at /ui/
+//
+// The link holds a one-time code, good for two minutes; the first visit
+// trades it for a session cookie for /ui/ (HttpOnly, Secure,
+// SameSite=Strict, twelve hours) and goes on to the page without the
+// code. The session has the rights of the token that asked for the
+// link, and ends when that token is revoked. 'kiln ui' prints it.
+//
+// Corresponds with POST /v1/ui/link (the `UILink` operationId).
+func (c *Client) UILink(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUILinkRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -4339,6 +4374,33 @@ func NewDeleteTokenRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewUILinkRequest constructs an http.Request for the UILink method
+func NewUILinkRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/ui/link")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListUsersRequest constructs an http.Request for the ListUsers method
 func NewListUsersRequest(server string) (*http.Request, error) {
 	var err error
@@ -4979,6 +5041,19 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with DELETE /v1/tokens/{id} (the `DeleteToken` operationId).
 	DeleteTokenWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*DeleteTokenResponse, error)
+
+	// UILinkWithResponse A link that signs a browser in to the web page at /ui/
+	//
+	// The link holds a one-time code, good for two minutes; the first visit
+	// trades it for a session cookie for /ui/ (HttpOnly, Secure,
+	// SameSite=Strict, twelve hours) and goes on to the page without the
+	// code. The session has the rights of the token that asked for the
+	// link, and ends when that token is revoked. 'kiln ui' prints it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/ui/link (the `UILink` operationId).
+	UILinkWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*UILinkResponse, error)
 
 	// ListUsersWithResponse Users (admins)
 	//
@@ -8496,6 +8571,88 @@ func (r DeleteTokenResponse) ContentType() string {
 	return ""
 }
 
+// UILinkResponse429Headers the declared response headers of an HTTP 429 response for UILink
+type UILinkResponse429Headers struct {
+	RetryAfter *int
+}
+
+type UILinkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *struct {
+		Expires time.Time `json:"expires"`
+		URL     string    `json:"url"`
+	}
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UILinkResponse429Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r UILinkResponse) GetJSON201() *struct {
+	Expires time.Time `json:"expires"`
+	URL     string    `json:"url"`
+} {
+	return r.JSON201
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r UILinkResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r UILinkResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r UILinkResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r UILinkResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r UILinkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UILinkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UILinkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UILinkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListUsersResponse429Headers the declared response headers of an HTTP 429 response for ListUsers
 type ListUsersResponse429Headers struct {
 	RetryAfter *int
@@ -9539,6 +9696,25 @@ func (c *ClientWithResponses) DeleteTokenWithResponse(ctx context.Context, id st
 		return nil, err
 	}
 	return ParseDeleteTokenResponse(rsp)
+}
+
+// UILinkWithResponse A link that signs a browser in to the web page at /ui/
+//
+// The link holds a one-time code, good for two minutes; the first visit
+// trades it for a session cookie for /ui/ (HttpOnly, Secure,
+// SameSite=Strict, twelve hours) and goes on to the page without the
+// code. The session has the rights of the token that asked for the
+// link, and ends when that token is revoked. 'kiln ui' prints it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/ui/link (the `UILink` operationId).
+func (c *ClientWithResponses) UILinkWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*UILinkResponse, error) {
+	rsp, err := c.UILink(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUILinkResponse(rsp)
 }
 
 // ListUsersWithResponse Users (admins)
@@ -12678,6 +12854,76 @@ func ParseDeleteTokenResponse(rsp *http.Response) (*DeleteTokenResponse, error) 
 	switch {
 	case rsp.StatusCode == 429:
 		var headers DeleteTokenResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUILinkResponse parses an HTTP response from a UILinkWithResponse call
+func ParseUILinkResponse(rsp *http.Response) (*UILinkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UILinkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest struct {
+			Expires time.Time `json:"expires"`
+			URL     string    `json:"url"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers UILinkResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
