@@ -83,6 +83,7 @@ type Agent struct {
 	doneList []string
 	shape    [32]byte
 	snap     *snapshot.Snapshot
+	sampled  *snapshot.Snapshot // the last metrics sample (nil without metrics)
 	finds    []api.Finding
 	wg       sync.WaitGroup
 }
@@ -378,7 +379,7 @@ func (a *Agent) register(ctx context.Context) error {
 }
 
 func (a *Agent) beat(ctx context.Context) (api.HeartbeatReply, error) {
-	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond), Open: a.openPorts(ctx), Chosen: a.chosen()}
+	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond), Open: a.openPorts(ctx), Chosen: a.chosen(), Samples: a.samples()}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat+10*time.Second)
 	defer cancel()
 	reply, err := a.client.Heartbeat(rctx, a.node, hb)

@@ -116,6 +116,9 @@ func (a *Agent) sampleOnce(ctx context.Context, c *prom.Collector) error {
 			return fmt.Errorf("sampling the node: %w", err)
 		}
 	}
+	a.mu.Lock()
+	a.sampled = s
+	a.mu.Unlock()
 	leases := a.leaseCgroups()
 	in := gpumetrics.Input{Snapshot: s, Findings: findingsOf(finds), Hostname: a.node, Leases: leases}
 	if len(leases) > 0 {
@@ -191,6 +194,53 @@ func readCgroup(proc string, pid int) string {
 		}
 	}
 	return ""
+}
+
+// samples are the GPUs' last readings for a heartbeat: the last metrics
+// sample's, else the last discovery's.
+func (a *Agent) samples() []api.GPUSample {
+	a.mu.Lock()
+	s := a.sampled
+	if s == nil {
+		s = a.snap
+	}
+	a.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	// What the server would refuse (and with it the heartbeat) is left
+	// out: a GPU index twice or out of range, a reading out of range.
+	within := func(v *float64, lo, hi float64) *float64 {
+		if v == nil || !(*v >= lo && *v <= hi) {
+			return nil
+		}
+		return v
+	}
+	var out []api.GPUSample
+	seen := map[int]bool{}
+	for _, g := range s.GPUs {
+		if g.Index < 0 || g.Index > 255 || seen[g.Index] || len(out) >= 256 {
+			continue
+		}
+		seen[g.Index] = true
+		x := api.GPUSample{GPU: g.Index, Utilization: within(g.UtilizationGPU, 0, 100)}
+		if g.MemoryTotalBytes > 0 {
+			m := g.MemoryUsedBytes
+			x.MemoryUsedBytes = &m
+		}
+		if g.Power != nil {
+			x.PowerW = within(g.Power.DrawW, 0, 100000)
+		}
+		if t := g.Temperature; t != nil {
+			for _, v := range []*float64{t.GPUC, t.JunctionC, t.EdgeC} {
+				if x.TemperatureC == nil {
+					x.TemperatureC = within(v, -273, 1000)
+				}
+			}
+		}
+		out = append(out, x)
+	}
+	return out
 }
 
 func findingsOf(fs []api.Finding) []gpumetrics.Finding {

@@ -90,3 +90,27 @@ func TestReadCgroup(t *testing.T) {
 		t.Error("a process that does not exist has a cgroup")
 	}
 }
+
+// TestSamplesAreValid: what the agent sends with its heartbeats is what the
+// server takes: each GPU index once, readings within range (a broken one
+// is left out, not sent).
+func TestSamplesAreValid(t *testing.T) {
+	nan, big, util := 0.0, 1e9, 42.0
+	nan = nan / nan
+	a := &Agent{snap: &snapshot.Snapshot{GPUs: []snapshot.GPU{
+		{Index: 0, UtilizationGPU: &util, MemoryTotalBytes: 80 << 30, MemoryUsedBytes: 1 << 30, Power: &snapshot.Power{DrawW: &big}},
+		{Index: 0, UtilizationGPU: &util}, // a partition under the same index
+		{Index: 1, UtilizationGPU: &nan, Temperature: &snapshot.Temperature{JunctionC: &util}},
+		{Index: 300},
+	}}}
+	got := a.samples()
+	if len(got) != 2 || got[0].GPU != 0 || got[1].GPU != 1 {
+		t.Fatalf("samples %+v, want GPUs 0 and 1 once each", got)
+	}
+	if got[0].Utilization == nil || *got[0].Utilization != 42 || got[0].PowerW != nil || got[0].MemoryUsedBytes == nil {
+		t.Errorf("GPU 0: %+v (want 42%%, memory, no impossible power)", got[0])
+	}
+	if got[1].Utilization != nil || got[1].TemperatureC == nil || *got[1].TemperatureC != 42 {
+		t.Errorf("GPU 1: %+v (want no NaN utilization, the junction temperature)", got[1])
+	}
+}

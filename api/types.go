@@ -532,6 +532,21 @@ type Heartbeat struct {
 	// Chosen lists, for running jobs whose devices the cluster's scheduler
 	// picked (Assignment.Choose), the IDs of the devices it picked.
 	Chosen map[string][]string `json:"chosen,omitempty"`
+	// Samples are the node's GPUs' last readings, for the web page's live
+	// view and its hour of history.
+	Samples []GPUSample `json:"samples,omitempty"`
+}
+
+// GPUSample is one GPU's readings at a heartbeat; a reading the GPU did
+// not give is absent.
+type GPUSample struct {
+	// GPU is the GPU's index on the node.
+	GPU int `json:"gpu"`
+	// Utilization is in percent of the last sample period.
+	Utilization     *float64 `json:"util,omitempty"`
+	MemoryUsedBytes *uint64  `json:"mem_used,omitempty"`
+	PowerW          *float64 `json:"power_w,omitempty"`
+	TemperatureC    *float64 `json:"temp_c,omitempty"`
 }
 
 // HeartbeatReply tells the agent what to start and stop.

@@ -78,6 +78,7 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 	s.amu.Lock()
 	delete(s.agents, id)
 	s.amu.Unlock()
+	s.history.forget(id)
 	writeJSON(w, http.StatusOK, map[string]string{"forgotten": id})
 }
 
@@ -139,6 +140,9 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	s.amu.RLock()
 	a := s.agents[node]
 	s.amu.RUnlock()
+	if a != nil {
+		s.history.record(node, hb.Samples, time.Now())
+	}
 	if a != nil && len(hb.Running) == 0 && a.node.Idle() {
 		// The agent runs nothing and the server has nothing for it: no
 		// lock, no store, until something comes up for the node.

@@ -465,7 +465,30 @@ func parseHeartbeat(b []byte) (api.Heartbeat, error) {
 			}
 		}
 	}
+	if err := checkSamples(h.Samples); err != nil {
+		return h, err
+	}
 	return h, nil
+}
+
+// checkSamples holds a heartbeat's GPU readings to what a GPU can read.
+func checkSamples(ss []api.GPUSample) error {
+	if len(ss) > maxNodeGPUs {
+		return fmt.Errorf("samples: at most %d GPUs", maxNodeGPUs)
+	}
+	in := func(v *float64, lo, hi float64) bool { return v == nil || (*v >= lo && *v <= hi) }
+	seen := map[int]bool{}
+	for _, x := range ss {
+		if x.GPU < 0 || x.GPU >= maxNodeGPUs || seen[x.GPU] {
+			return fmt.Errorf("samples: GPU index %d out of range or twice", x.GPU)
+		}
+		seen[x.GPU] = true
+		// NaN fails every comparison, so it is refused too.
+		if !in(x.Utilization, 0, 100) || !in(x.PowerW, 0, 100000) || !in(x.TemperatureC, -273, 1000) {
+			return fmt.Errorf("samples: GPU %d: utilization 0 to 100 %%, power 0 to 100 kW, temperature -273 to 1000 °C", x.GPU)
+		}
+	}
+	return nil
 }
 
 // parseRegister decodes and checks an agent's snapshot.

@@ -171,6 +171,7 @@ type Server struct {
 	proxies      proxyPool // the HTTP path's kept-alive tunnels
 	portSessions *portSessions
 	uiSessions   *uiSessions
+	history      *history
 	closing      chan struct{}
 	closeOnce    sync.Once
 
@@ -292,6 +293,7 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		tunnels:      newTunnelHub(),
 		portSessions: newPortSessions(),
 		uiSessions:   newUISessions(),
+		history:      newHistory(),
 		closing:      make(chan struct{}),
 		agents:       map[string]*agentInfo{},
 		users:        map[string]*userInfo{},

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -145,6 +146,7 @@ func (s *Server) uiHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ui/api/fleet", s.uiAPI(s.uiFleet))
 	mux.HandleFunc("GET /ui/api/nodes/{id}", s.uiAPI(s.uiNode))
+	mux.HandleFunc("GET /ui/api/nodes/{id}/gpus/{index}", s.uiAPI(s.uiGPU))
 	mux.HandleFunc("GET /ui/api/events", s.uiAPI(s.uiEvents))
 	mux.HandleFunc("GET /ui/{path...}", func(w http.ResponseWriter, r *http.Request) {
 		if code := r.URL.Query().Get(uiCodeParam); code != "" {
@@ -297,10 +299,14 @@ func (s *Server) nodeRow(c *caller, n api.Node, snap *snapshot.Snapshot, project
 	for _, f := range n.Findings {
 		row.Findings[f.Severity]++
 	}
+	// The agent's last heartbeat sample, else the node's Snapshot.
 	util := map[string]*float64{}
 	if snap != nil {
+		latest := s.history.latest(n.ID)
 		for _, g := range snap.GPUs {
-			if g.UtilizationGPU != nil {
+			if p, ok := latest[g.Index]; ok && p.hasUtil {
+				util[g.PCIAddress] = snapshot.Ptr(float64(p.util))
+			} else if g.UtilizationGPU != nil {
 				util[g.PCIAddress] = g.UtilizationGPU
 			}
 		}
@@ -480,8 +486,8 @@ func gpuLinks(snap *snapshot.Snapshot) []uiLink {
 }
 
 // uiEvents is a stream of server-sent events: "change" whenever the
-// server's state changes (at most twice a second), a comment every 15 s
-// to keep the connection.
+// server's state changes or agents send new readings (at most twice a
+// second), a comment every 15 s to keep the connection.
 func (s *Server) uiEvents(w http.ResponseWriter, r *http.Request, c *caller) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
@@ -498,9 +504,11 @@ func (s *Server) uiEvents(w http.ResponseWriter, r *http.Request, c *caller) {
 		s.mu.Lock()
 		ch := s.changed
 		s.mu.Unlock()
+		readings := s.history.changed()
 		select {
 		case <-r.Context().Done():
 			return
+		case <-readings:
 		case <-keep.C:
 			if _, err := fmt.Fprint(w, ": keep\n\n"); err != nil || rc.Flush() != nil {
 				return
@@ -517,4 +525,60 @@ func (s *Server) uiEvents(w http.ResponseWriter, r *http.Request, c *caller) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// uiGPU is a GPU's hour of readings.
+func (s *Server) uiGPU(w http.ResponseWriter, r *http.Request, c *caller) {
+	id := r.PathValue("id")
+	idx, err := strconv.Atoi(r.PathValue("index"))
+	if err != nil || idx < 0 || idx >= maxNodeGPUs {
+		writeErr(w, http.StatusBadRequest, errors.New("a GPU index, 0 to 255"))
+		return
+	}
+	s.mu.Lock()
+	n, ok := s.core.NodeInfo(id)
+	s.mu.Unlock()
+	if !ok {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s not found", id))
+		return
+	}
+	type sample struct {
+		At    int64    `json:"t"`
+		Util  *float64 `json:"util,omitempty"`
+		Mem   *uint64  `json:"mem,omitempty"`
+		Power *float64 `json:"power,omitempty"`
+		Temp  *float64 `json:"temp,omitempty"`
+	}
+	out := struct {
+		Node   string     `json:"node"`
+		GPU    api.Device `json:"gpu"`
+		StepS  int        `json:"step_s"`
+		Points []sample   `json:"points"`
+	}{Node: id, StepS: int(historyStep / time.Second), Points: []sample{}}
+	found := false
+	for _, d := range n.Devices {
+		if d.Index == idx && d.Parent == "" {
+			out.GPU, found = d, true
+		}
+	}
+	if !found {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("node %s has no GPU %d", id, idx))
+		return
+	}
+	f := func(ok bool, v float32) *float64 {
+		if !ok {
+			return nil
+		}
+		x := float64(v)
+		return &x
+	}
+	for _, p := range s.history.series(id, idx) {
+		x := sample{At: p.at, Util: f(p.hasUtil, p.util), Power: f(p.hasPower, p.power), Temp: f(p.hasTp, p.temp)}
+		if p.hasMem {
+			m := p.mem
+			x.Mem = &m
+		}
+		out.Points = append(out.Points, x)
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -22,6 +22,7 @@ import (
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/server"
+	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/testenv"
 )
 
@@ -94,8 +95,10 @@ func status(r *http.Response) string {
 // against a server fed with recorded machines: every page loads with no
 // console error and no request outside loopback; the fleet lists every
 // node and its totals are the sums of its rows; the node page draws one
-// box per GPU and labels its links; a finding shows its fix; a lease
-// granted while the page is open shows within 5 s. A screenshot of each
+// box per GPU and labels its links; a finding shows its fix; a GPU's
+// cell is filled by the utilisation its agent sends, and its page draws
+// the readings' history; a lease granted while the page is open shows
+// within 5 s. A screenshot of each
 // page is kept (KILN_ARTIFACTS, else a temporary folder; the log says
 // where).
 func TestWebPageInBrowser(t *testing.T) {
@@ -105,7 +108,11 @@ func TestWebPageInBrowser(t *testing.T) {
 	chromium := testenv.Need(t, "chromium", "apt-get install chromium")
 	c := newCluster(t, server.Config{HeartbeatTimeout: 3 * time.Second})
 	ms := machines(t)
-	c.addAgent("hgx", ms["hgx"], nil, 300*time.Millisecond)
+	// GPU 0 of the HGX is busy: the page fills its cell by that.
+	busy := *ms["hgx"]
+	busy.GPUs = append([]snapshot.GPU(nil), busy.GPUs...)
+	busy.GPUs[0].UtilizationGPU = snapshot.Ptr(75.0)
+	c.addAgent("hgx", &busy, nil, 300*time.Millisecond)
 	c.addAgent("pcie", ms["pcie"], nil, 300*time.Millisecond)
 	c.addAgent("mi300x", ms["mi300x"], nil, 300*time.Millisecond)
 	c.waitNodes(3)
@@ -219,6 +226,11 @@ func TestWebPageInBrowser(t *testing.T) {
 			t.Errorf("fleet: %d GPUs held, want the lease's 2", total)
 		}
 	}
+	// Cells are filled by the agents' readings: the busy GPU at 75%.
+	fill := text(`(() => { const f = document.querySelector('[data-map-node="hgx"] .cell .fill'); return f ? f.style.height : ""; })()`)
+	if fill != "75%" {
+		t.Errorf("the busy GPU's cell is filled %q, want 75%%", fill)
+	}
 	shot("fleet")
 
 	// A lease granted while the page is open shows within 5 s.
@@ -253,6 +265,16 @@ func TestWebPageInBrowser(t *testing.T) {
 		t.Errorf("no finding on the hgx node shows its fix")
 	}
 	shot("node-hgx")
+
+	// A GPU's page draws its hour of readings, the utilisation at 75%.
+	open(c.url+"/ui/nodes/hgx/gpus/0", `svg.chart[data-chart="util"]`)
+	if n := eval(`document.querySelectorAll('svg.chart[data-chart="util"] polyline.series').length`); n != 1 {
+		t.Errorf("the GPU page draws %d utilisation lines, want 1", n)
+	}
+	if now := text(`document.querySelector('svg.chart[data-chart="util"]').textContent`); !strings.Contains(now, "now 75 %") {
+		t.Errorf("the utilisation chart says %q, want now 75 %%", now)
+	}
+	shot("gpu-hgx-0")
 
 	for _, page := range []string{"queue", "projects", "nodes/mi300x", "nodes/pcie"} {
 		open(c.url+"/ui/"+page, "main h1")

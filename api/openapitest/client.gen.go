@@ -427,6 +427,18 @@ type Finding struct {
 	Title    string  `json:"title"`
 }
 
+// GPUSample one GPU's readings at a heartbeat; a reading the GPU did not give is absent
+type GPUSample struct {
+	// Gpu the GPU's index on the node
+	Gpu     int      `json:"gpu"`
+	MemUsed *int     `json:"mem_used,omitempty"`
+	PowerW  *float32 `json:"power_w,omitempty"`
+	TempC   *float32 `json:"temp_c,omitempty"`
+
+	// Util percent of the last sample period
+	Util *float32 `json:"util,omitempty"`
+}
+
 // Heartbeat defines model for Heartbeat.
 type Heartbeat struct {
 	// Chosen for running jobs whose devices the cluster's scheduler picked (Assignment.choose), the IDs of those it picked
@@ -437,6 +449,9 @@ type Heartbeat struct {
 
 	// Running the jobs the agent runs now
 	Running *[]string `json:"running,omitempty"`
+
+	// Samples the node's GPUs' last readings, for the web page
+	Samples *[]GPUSample `json:"samples,omitempty"`
 
 	// WaitMs hold the answer until there is work, at most this long
 	WaitMs *int `json:"wait_ms,omitempty"`

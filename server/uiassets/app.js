@@ -248,7 +248,8 @@ async function node(id) {
   const rows = el("tbody");
   for (const g of n.gpus) {
     rows.append(el("tr", { "data-gpu": g.id },
-      el("td", { text: g.parent ? `${g.parent} / ${g.mig}` : `GPU ${g.index}` }), el("td", { text: g.model || "" }),
+      el("td", {}, g.parent ? `${g.parent} / ${g.mig}` : el("a", { href: `/ui/nodes/${encodeURIComponent(n.id)}/gpus/${g.index}`, text: `GPU ${g.index}` })),
+      el("td", { text: g.model || "" }),
       el("td", { text: g.pci || "" }), el("td", { text: g.numa ?? "" }),
       el("td", { text: (g.projects || []).join(", ") || (g.drained ? "drained" : "free") }),
       el("td", { class: "num", text: g.utilization === undefined || g.utilization === null ? "unknown" : `${g.utilization}%` })));
@@ -269,8 +270,45 @@ async function node(id) {
     el("h2", { text: "Findings" }), finds);
 }
 
+// chart draws one reading's hour as a line.
+function chart(title, points, key, max, unit) {
+  const W = 560, H = 120, pad = 30;
+  const s = sv("svg", { class: "chart", width: W, height: H + 30, viewBox: `0 0 ${W} ${H + 30}`, "data-chart": key });
+  s.append(sv("text", { x: 4, y: 12 }, title));
+  const pts = points.filter(p => p[key] !== undefined && p[key] !== null);
+  if (!pts.length) {
+    s.append(sv("text", { x: pad, y: H / 2 + 15, class: "muted" }, "no reading"));
+    return s;
+  }
+  const top = max || Math.max(...pts.map(p => p[key])) * 1.1 || 1;
+  const t0 = pts[0].t, t1 = Math.max(pts[pts.length - 1].t, t0 + 1);
+  const xy = pts.map(p => `${pad + (p.t - t0) / (t1 - t0) * (W - 2 * pad)},${18 + H - p[key] / top * H}`).join(" ");
+  s.append(sv("line", { x1: pad, y1: 18 + H, x2: W - pad, y2: 18 + H }));
+  s.append(sv("polyline", { points: xy, class: "series" }));
+  const end = xy.split(" ").pop().split(",");
+  s.append(sv("circle", { cx: end[0], cy: end[1], r: 3, class: "series-end" }));
+  const last = pts[pts.length - 1][key];
+  s.append(sv("text", { x: W - pad - 120, y: 12 }, `now ${Math.round(last * 10) / 10} ${unit}`));
+  s.append(sv("text", { x: pad, y: H + 30, class: "muted" }, `${pts.length} points over ${Math.round((t1 - t0) / 60)} min`));
+  return s;
+}
+
+async function gpu(nodeID, index) {
+  const g = await get(`/ui/api/nodes/${encodeURIComponent(nodeID)}/gpus/${encodeURIComponent(index)}`);
+  const pts = g.points.map(p => Object.assign({}, p, { mem: p.mem === undefined ? undefined : p.mem / 2 ** 30 }));
+  main.replaceChildren(
+    el("h1", {}, el("a", { href: "/ui/nodes/" + encodeURIComponent(g.node), text: g.node }), ` GPU ${g.gpu.index}`),
+    el("p", { class: "muted", text: `${g.gpu.model || ""} ${g.gpu.pci_address || ""}; held by ${(g.gpu.leases || []).length} lease(s); one point every ${g.step_s} s, an hour kept` }),
+    chart("Utilisation (%)", pts, "util", 100, "%"),
+    chart("Memory used (GiB)", pts, "mem", g.gpu.memory_bytes ? g.gpu.memory_bytes / 2 ** 30 : 0, "GiB"),
+    chart("Power (W)", pts, "power", 0, "W"),
+    chart("Temperature (°C)", pts, "temp", 0, "°C"));
+}
+
 function route() {
   const p = location.pathname.replace(/^\/ui\/?/, "");
+  const m = p.match(/^nodes\/([^/]+)\/gpus\/(\d+)$/);
+  if (m) return () => gpu(decodeURIComponent(m[1]), m[2]);
   if (p.startsWith("nodes/")) return () => node(decodeURIComponent(p.slice(6)));
   if (p === "queue") return queue;
   if (p === "projects") return projects;
