@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/doctor"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/topo"
@@ -215,7 +216,18 @@ type (
 		Totals   uiTotals    `json:"totals"`
 		Projects []uiProject `json:"projects"`
 		Queue    []uiQueued  `json:"queue"`
-		At       time.Time   `json:"at"`
+		// FleetFindings are what only the view of every node shows
+		// (doctor.Fleet).
+		FleetFindings []uiFleetFinding `json:"fleet_findings"`
+		At            time.Time        `json:"at"`
+	}
+	uiFleetFinding struct {
+		ID       string   `json:"id"`
+		Severity string   `json:"severity"`
+		Title    string   `json:"title"`
+		Evidence []string `json:"evidence"`
+		Remedy   string   `json:"remedy"`
+		Nodes    string   `json:"nodes"`
 	}
 	uiTotals struct {
 		Nodes, Ready, GPUs, Held, Free, Drained int
@@ -381,6 +393,11 @@ func (s *Server) uiFleet(w http.ResponseWriter, r *http.Request, c *caller) {
 	}
 	for _, p := range projects {
 		out.Projects = append(out.Projects, uiProject{Name: p.Name, Held: p.HeldGPUs, Limit: p.MaxGPUs, Queued: p.QueuedLease})
+	}
+	out.FleetFindings = []uiFleetFinding{}
+	for _, f := range doctor.Fleet(snaps) {
+		out.FleetFindings = append(out.FleetFindings, uiFleetFinding{ID: f.ID, Severity: f.Severity.String(), Title: f.Title,
+			Evidence: f.Evidence, Remedy: f.Remedy, Nodes: f.Machine})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

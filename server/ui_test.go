@@ -99,7 +99,8 @@ func status(r *http.Response) string {
 // cell is filled by the utilisation its agent sends, and its page draws
 // the readings' history; a lease granted while the page is open shows
 // within 5 s. A screenshot of each
-// page is kept (KILN_ARTIFACTS, else a temporary folder; the log says
+// page is kept; two nodes of one GPU model on different firmware show a
+// fleet finding with its fix (KILN_ARTIFACTS, else a temporary folder; the log says
 // where).
 func TestWebPageInBrowser(t *testing.T) {
 	if testing.Short() {
@@ -113,9 +114,16 @@ func TestWebPageInBrowser(t *testing.T) {
 	busy.GPUs = append([]snapshot.GPU(nil), busy.GPUs...)
 	busy.GPUs[0].UtilizationGPU = snapshot.Ptr(75.0)
 	c.addAgent("hgx", &busy, nil, 300*time.Millisecond)
+	// A second HGX on older firmware: a finding only the fleet shows.
+	old := *ms["hgx"]
+	old.GPUs = append([]snapshot.GPU(nil), old.GPUs...)
+	for i := range old.GPUs {
+		old.GPUs[i].VBIOS = "96.00.61.00.01"
+	}
+	c.addAgent("hgx2", &old, nil, 300*time.Millisecond)
 	c.addAgent("pcie", ms["pcie"], nil, 300*time.Millisecond)
 	c.addAgent("mi300x", ms["mi300x"], nil, 300*time.Millisecond)
-	c.waitNodes(3)
+	c.waitNodes(4)
 	ctx := context.Background()
 	var l api.Lease
 	if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 2, Constraints: api.Constraints{Nodes: []string{"hgx"}}}, &l); err != nil || l.State != api.LeaseGranted {
@@ -213,8 +221,11 @@ func TestWebPageInBrowser(t *testing.T) {
 
 	// The fleet: every node, totals that are the sums of their rows.
 	open(link.URL, "table#fleet tfoot")
-	if rows := eval(`document.querySelectorAll("table#fleet tbody tr").length`); rows != 3 {
-		t.Errorf("the fleet lists %d nodes, want 3", rows)
+	if rows := eval(`document.querySelectorAll("table#fleet tbody tr").length`); rows != 4 {
+		t.Errorf("the fleet lists %d nodes, want 4", rows)
+	}
+	if got := text(`(document.querySelector('#fleet-findings [data-finding="fleet-vbios-mixed"]')||{}).textContent || ""`); !strings.Contains(got, "96.00.61.00.01 on hgx2") || !strings.Contains(got, "Fix:") {
+		t.Errorf("the fleet's VBIOS finding says %q; want the versions by node and the fix", got)
 	}
 	for _, k := range []string{"gpus", "held", "free", "drained"} {
 		sum := eval(`(() => { let s = 0; for (const td of document.querySelectorAll('table#fleet tbody td[data-col="` + k + `"]')) s += Number(td.textContent); return s; })()`)

@@ -235,6 +235,7 @@ func printUp(w io.Writer, url, data, cfgNote string, nodes []api.Node, demo bool
 	fmt.Fprintln(w, `  ./kiln run --gpus 2 --same-nvlink -- sh -c 'echo GPUs: $CUDA_VISIBLE_DEVICES$ROCR_VISIBLE_DEVICES'`)
 	fmt.Fprintln(w, `  ./kiln run --fraction 0.25 --mem 10G -- sh -c 'env | grep -E "KILN_ISOLATION|CUDA_MPS"'`)
 	fmt.Fprintln(w, "  ./kiln ls --all")
+	fmt.Fprintln(w, "  ./kiln ui        # a one-time link to the web page: fleet, topology, queue")
 	fmt.Fprintln(w, "Ctrl-C stops the server and its agents.")
 }
 

@@ -125,7 +125,17 @@ async function fleet() {
   const table = el("table", { id: "fleet" },
     el("thead", {}, el("tr", {}, ...["Node", "State", "GPUs", "Held", "Free", "Drained", "Findings", "Last seen"].map(h => el("th", { text: h })))),
     body, foot);
-  main.replaceChildren(el("h1", { text: "Fleet" }), table, el("h2", { text: "Allocation" }), allocationMap(f.nodes));
+  const ff = el("div", { id: "fleet-findings" });
+  for (const x of f.fleet_findings || []) {
+    const ev = el("ul", {});
+    for (const e of x.evidence || []) ev.append(el("li", { text: e }));
+    ff.append(el("div", { class: "finding sev-" + x.severity, "data-finding": x.id },
+      el("div", {}, el("strong", { text: x.severity + ": " }), x.title),
+      ev, x.remedy ? el("div", { class: "remedy" }, el("em", { text: "Fix: " }), x.remedy) : null));
+  }
+  if (!(f.fleet_findings || []).length) ff.append(el("p", { class: "muted", text: "None: every GPU model runs one firmware, every vendor one driver." }));
+  main.replaceChildren(el("h1", { text: "Fleet" }), table, el("h2", { text: "Allocation" }), allocationMap(f.nodes),
+    el("h2", { text: "Across nodes" }), ff);
 }
 
 async function queue() {
