@@ -266,6 +266,13 @@ type (
 		Held   float64 `json:"held"`
 		Limit  float64 `json:"limit,omitempty"`
 		Queued int     `json:"queued"`
+		// Share is its weight over every project's: its part of the
+		// cluster while every project waits.
+		Share float64 `json:"share"`
+		// Busy is the mean utilisation (percent) of the GPUs it holds
+		// that report one; nil when none does.
+		Busy      *float64 `json:"busy,omitempty"`
+		UsedHours float64  `json:"used_hours"`
 	}
 	uiQueued struct {
 		ID             string     `json:"id"`
@@ -361,6 +368,7 @@ func (s *Server) uiFleet(w http.ResponseWriter, r *http.Request, c *caller) {
 	snaps := s.core.Snapshots()
 	live := s.core.Leases(now, func(*api.Lease) bool { return true })
 	projects := s.core.Projects(now, c.canSee)
+	all := s.core.Projects(now, func(string) bool { return true })
 	s.mu.Unlock()
 	projectOf := map[string]string{}
 	out := uiFleet{User: c.user.Name, At: now.UTC(), Totals: uiTotals{Findings: map[string]int{}}}
@@ -391,8 +399,31 @@ func (s *Server) uiFleet(w http.ResponseWriter, r *http.Request, c *caller) {
 			t.Findings[k] += v
 		}
 	}
+	total := 0.0
+	for _, p := range all {
+		total += weightOf(p)
+	}
+	busy, busyN := map[string]float64{}, map[string]int{}
+	for _, n := range out.Nodes {
+		for _, g := range n.GPUs {
+			if g.Utilization == nil || g.Parent != "" {
+				continue
+			}
+			for _, p := range g.Projects {
+				busy[p] += *g.Utilization
+				busyN[p]++
+			}
+		}
+	}
 	for _, p := range projects {
-		out.Projects = append(out.Projects, uiProject{Name: p.Name, Held: p.HeldGPUs, Limit: p.MaxGPUs, Queued: p.QueuedLease})
+		up := uiProject{Name: p.Name, Held: p.HeldGPUs, Limit: p.MaxGPUs, Queued: p.QueuedLease, UsedHours: p.UsedHours}
+		if total > 0 {
+			up.Share = weightOf(p) / total
+		}
+		if busyN[p.Name] > 0 {
+			up.Busy = snapshot.Ptr(busy[p.Name] / float64(busyN[p.Name]))
+		}
+		out.Projects = append(out.Projects, up)
 	}
 	out.FleetFindings = []uiFleetFinding{}
 	for _, f := range doctor.Fleet(snaps) {

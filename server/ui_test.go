@@ -287,7 +287,16 @@ func TestWebPageInBrowser(t *testing.T) {
 	}
 	shot("gpu-hgx-0")
 
-	for _, page := range []string{"queue", "projects", "nodes/mi300x", "nodes/pcie"} {
+	// The projects: the default project's held GPUs are busy by the
+	// readings: the HGX's GPU 0 at 75%, its GPU 1 idle, the PCIe node's
+	// GPU at the fixture's 90%.
+	open(c.url+"/ui/projects", "table#projects")
+	if busy := text(`document.querySelector('tr[data-project="default"] td[data-col="busy"]').textContent`); busy != "55%" {
+		t.Errorf("the default project's busy figure is %q, want 55%% (the mean of 75, 0 and 90)", busy)
+	}
+	shot("projects")
+
+	for _, page := range []string{"queue", "nodes/mi300x", "nodes/pcie"} {
 		open(c.url+"/ui/"+page, "main h1")
 		shot(strings.ReplaceAll(page, "/", "-"))
 	}

@@ -157,12 +157,17 @@ async function projects() {
   const f = await get("/ui/api/fleet");
   const body = el("tbody");
   for (const p of f.projects || []) {
+    const r1 = (x) => Math.round(x * 10) / 10;
     body.append(el("tr", { "data-project": p.name },
       el("td", {}, el("span", { class: "swatch", style: `background:${colour(p.name)}` }), p.name),
-      el("td", { class: "num", text: p.held }), el("td", { class: "num", text: p.limit || "none" }), el("td", { class: "num", text: p.queued })));
+      el("td", { class: "num", text: r1(p.held) }), el("td", { class: "num", text: p.limit || "none" }),
+      el("td", { class: "num", text: `${Math.round(p.share * 100)}%` }),
+      el("td", { class: "num", "data-col": "busy", text: p.busy === undefined || p.busy === null ? (p.held ? "unknown" : "") : `${Math.round(p.busy)}%` }),
+      el("td", { class: "num", text: r1(p.used_hours) }), el("td", { class: "num", text: p.queued })));
   }
   main.replaceChildren(el("h1", { text: "Projects" }), el("table", { id: "projects" },
-    el("thead", {}, el("tr", {}, ...["Project", "GPUs held", "Limit", "Queued"].map(h => el("th", { text: h })))), body));
+    el("thead", {}, el("tr", {}, ...["Project", "GPUs held", "Limit", "Fair share", "Busy (held GPUs)", "GPU-hours this period", "Queued"].map(h => el("th", { text: h })))), body),
+    el("p", { class: "muted", text: "Busy is the mean utilisation of the GPUs a project holds: an idle lease shows as a low figure." }));
 }
 
 // topology draws the node: NUMA nodes with their GPUs and NICs, the
