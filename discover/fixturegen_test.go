@@ -741,6 +741,10 @@ func h100HGX8() *fxMachine {
 			// (nvidia-smi-q/h100x8-535.183.01-gpu75-slowdown.txt) shows.
 			Clocks: &NVMLClocks{GraphicsMHz: u32(345), SMMHz: u32(345), MemoryMHz: u32(2619),
 				MaxGraphicsMHz: u32(1980), MaxSMMHz: u32(1980), MaxMemoryMHz: u32(2619)},
+			// An idle H100's profiling counters, as the agent's sampler reads
+			// them between two samples, and its energy counter.
+			Activity:   &NVMLActivity{GraphicsPercent: f64p(0), SMPercent: f64p(0), TensorPercent: f64p(0), DRAMPercent: f64p(0)},
+			EnergyMJ:   u64(uint64(86_400_000_000 + 1_000_000*i)),
 			ECCEnabled: boolp(true), ECCPending: boolp(true), ECCVolatileCorrected: u64(0), ECCVolatileUncorrected: u64(0),
 			ECCAggregateCorrected: u64(0), ECCAggregateUncorrected: u64(0),
 			RemappedRows:      &NVMLRemappedRows{},
@@ -797,7 +801,8 @@ NVMe/NIC subsystem ids are illustrative; the Gen4 NVMe drives run Gen4 x4 on
 Gen5 switch ports as the capture's 17:00.0 does; GPU 0000:19:00.0 carries the capture's
 AER correctable status (RxErr, BadTLP, Timeout). The fabric manager is
 installed and running. nvml.json holds idle readings (clocks as in the HGX H100
-nvidia-smi -q capture): 18 active NVLinks per
+nvidia-smi -q capture; idle GPM activity and an energy counter, as the agent's
+sampler reads them): 18 active NVLinks per
 GPU into the NVSwitches and the fabric registered (Completed/Success). It
 serves BenchmarkDiscoverRecorded8GPU.
 `,
@@ -820,3 +825,5 @@ func TestFixtureConfigParses(t *testing.T) {
 		t.Fatal("config is not deterministic")
 	}
 }
+
+func f64p(v float64) *float64 { return &v }

@@ -192,6 +192,13 @@ type nvmlDevice interface {
 	FabricInfo() (nvmlFabric, error)
 	NUMANode() (int, error)
 
+	// TotalEnergy is the energy used since the driver loaded, in
+	// millijoules.
+	TotalEnergy() (uint64, error)
+	// GPM is the device's performance monitoring (Hopper and newer);
+	// errNVMLNotSupported elsewhere.
+	GPM() (nvmlGPM, error)
+
 	// Processes are the compute and graphics processes on the GPU, each
 	// PID once.
 	Processes() ([]nvmlProcess, error)
@@ -199,6 +206,18 @@ type nvmlDevice interface {
 	// (microseconds since the epoch).
 	ProcessUtilization(since uint64) ([]nvmlProcessUtil, error)
 }
+
+// nvmlGPM takes GPM samples of one device; two samples some time apart
+// give its activity between them. A sample is the library's and must be
+// freed.
+type nvmlGPM interface {
+	Sample() (gpmSample, error)
+	Between(earlier, later gpmSample) (NVMLActivity, error)
+	Free(gpmSample)
+}
+
+// gpmSample is a GPM sample, opaque to kiln.
+type gpmSample any
 
 // nvmlProcess is a process on a GPU; memory is noMemory where NVML does
 // not say, gi and ci noInstance outside MIG.
@@ -426,6 +445,9 @@ func readPower(dev nvmlDevice, d *NVMLDevice, c *collector) {
 	d.PowerLimitMW = one("nvmlDeviceGetPowerManagementLimit", dev.PowerLimit)
 	d.EnforcedPowerLimitMW = one("nvmlDeviceGetEnforcedPowerLimit", dev.EnforcedPowerLimit)
 	d.DefaultPowerLimitMW = one("nvmlDeviceGetPowerManagementDefaultLimit", dev.DefaultPowerLimit)
+	if v, err := dev.TotalEnergy(); c.ok("nvmlDeviceGetTotalEnergyConsumption", err) {
+		d.EnergyMJ = &v
+	}
 	if lo, hi, err := dev.PowerLimitConstraints(); c.ok("nvmlDeviceGetPowerManagementLimitConstraints", err) {
 		d.MinPowerLimitMW, d.MaxPowerLimitMW = &lo, &hi
 	}

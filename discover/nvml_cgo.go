@@ -585,3 +585,86 @@ func (x *goDevice) ProcessUtilization(since uint64) ([]nvmlProcessUtil, error) {
 	}
 	return out, nil
 }
+
+func (x *goDevice) TotalEnergy() (uint64, error) {
+	if err := x.guard("nvmlDeviceGetTotalEnergyConsumption"); err != nil {
+		return 0, err
+	}
+	v, ret := x.d.GetTotalEnergyConsumption()
+	return v, nvmlErr(ret)
+}
+
+// goGPM is nvmlGPM on go-nvml.
+type goGPM struct {
+	g *goNVML
+	d nvml.Device
+}
+
+func (x *goDevice) GPM() (nvmlGPM, error) {
+	if !x.g.has("nvmlGpmQueryDeviceSupport") || !x.g.has("nvmlGpmSampleAlloc") || !x.g.has("nvmlGpmMetricsGet") {
+		return nil, errNVMLNotSupported
+	}
+	sup, ret := x.d.GpmQueryDeviceSupport()
+	if err := nvmlErr(ret); err != nil {
+		return nil, err
+	}
+	if sup.IsSupportedDevice == 0 {
+		return nil, errNVMLNotSupported
+	}
+	return &goGPM{g: x.g, d: x.d}, nil
+}
+
+func (m *goGPM) Sample() (gpmSample, error) {
+	s, ret := m.g.lib.GpmSampleAlloc()
+	if err := nvmlErr(ret); err != nil {
+		return nil, err
+	}
+	if err := nvmlErr(m.g.lib.GpmSampleGet(m.d, s)); err != nil {
+		_ = m.g.lib.GpmSampleFree(s)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (m *goGPM) Free(s gpmSample) {
+	if v, ok := s.(nvml.GpmSample); ok {
+		_ = m.g.lib.GpmSampleFree(v)
+	}
+}
+
+// gpmMetrics are the GPM metrics kiln reads.
+var gpmMetrics = []nvml.GpmMetricId{nvml.GPM_METRIC_GRAPHICS_UTIL, nvml.GPM_METRIC_SM_UTIL, nvml.GPM_METRIC_ANY_TENSOR_UTIL, nvml.GPM_METRIC_DRAM_BW_UTIL}
+
+func (m *goGPM) Between(earlier, later gpmSample) (NVMLActivity, error) {
+	a, okA := earlier.(nvml.GpmSample)
+	b, okB := later.(nvml.GpmSample)
+	if !okA || !okB {
+		return NVMLActivity{}, errors.New("nvml: not GPM samples")
+	}
+	req := &nvml.GpmMetricsGetType{Version: nvml.GPM_METRICS_GET_VERSION, NumMetrics: uint32(len(gpmMetrics)), Sample1: a, Sample2: b}
+	for i, id := range gpmMetrics {
+		req.Metrics[i].MetricId = uint32(id)
+	}
+	if err := nvmlErr(m.g.lib.GpmMetricsGet(req)); err != nil {
+		return NVMLActivity{}, err
+	}
+	var out NVMLActivity
+	for i := range gpmMetrics {
+		r := req.Metrics[i]
+		if nvml.Return(r.NvmlReturn) != nvml.SUCCESS {
+			continue
+		}
+		v := r.Value
+		switch nvml.GpmMetricId(r.MetricId) {
+		case nvml.GPM_METRIC_GRAPHICS_UTIL:
+			out.GraphicsPercent = &v
+		case nvml.GPM_METRIC_SM_UTIL:
+			out.SMPercent = &v
+		case nvml.GPM_METRIC_ANY_TENSOR_UTIL:
+			out.TensorPercent = &v
+		case nvml.GPM_METRIC_DRAM_BW_UTIL:
+			out.DRAMPercent = &v
+		}
+	}
+	return out, nil
+}

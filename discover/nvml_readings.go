@@ -54,6 +54,11 @@ type NVMLDevice struct {
 	DefaultPowerLimitMW  *uint32 `json:"default_power_limit_mw,omitempty"`
 	MinPowerLimitMW      *uint32 `json:"min_power_limit_mw,omitempty"`
 	MaxPowerLimitMW      *uint32 `json:"max_power_limit_mw,omitempty"`
+	// EnergyMJ is the energy used since the driver loaded, in millijoules.
+	EnergyMJ *uint64 `json:"energy_mj,omitempty"`
+	// Activity is what GPM measured between the sampler's last two
+	// samples, in percent; only an NVMLSampler sets it.
+	Activity *NVMLActivity `json:"activity,omitempty"`
 
 	Clocks *NVMLClocks `json:"clocks,omitempty"`
 
@@ -110,6 +115,14 @@ type NVMLDevice struct {
 	// Failures are calls that failed for a reason other than "not
 	// supported" ("nvmlDeviceGetSerial: Insufficient Permissions").
 	Failures []string `json:"failures,omitempty"`
+}
+
+// NVMLActivity is GPM's metrics between two samples, in percent.
+type NVMLActivity struct {
+	GraphicsPercent *float64 `json:"graphics_pct,omitempty"`
+	SMPercent       *float64 `json:"sm_pct,omitempty"`
+	TensorPercent   *float64 `json:"tensor_pct,omitempty"`
+	DRAMPercent     *float64 `json:"dram_pct,omitempty"`
 }
 
 // NVMLProcess is a process on a GPU.
@@ -378,8 +391,20 @@ func (d *NVMLDevice) gpu() snapshot.GPU {
 	if p := (snapshot.Power{
 		DrawW: watts(d.PowerUsageMW), LimitW: watts(d.PowerLimitMW), EnforcedW: watts(d.EnforcedPowerLimitMW),
 		DefaultLimitW: watts(d.DefaultPowerLimitMW), MinLimitW: watts(d.MinPowerLimitMW), MaxLimitW: watts(d.MaxPowerLimitMW),
-	}); p != (snapshot.Power{}) {
+	}); p != (snapshot.Power{}) || d.EnergyMJ != nil {
+		if d.EnergyMJ != nil {
+			p.EnergyJ = snapshot.Ptr(float64(*d.EnergyMJ) / 1000)
+		}
 		g.Power = &p
+	}
+	if a := d.Activity; a != nil {
+		ratio := func(v *float64) *float64 {
+			if v == nil {
+				return nil
+			}
+			return snapshot.Ptr(min(max(*v, 0), 100) / 100)
+		}
+		g.Activity = &snapshot.Activity{Graphics: ratio(a.GraphicsPercent), SM: ratio(a.SMPercent), Tensor: ratio(a.TensorPercent), DRAM: ratio(a.DRAMPercent)}
 	}
 	if c := d.Clocks; c != nil {
 		g.Clocks = &snapshot.Clocks{

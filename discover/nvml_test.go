@@ -67,6 +67,8 @@ type fakeDevice struct {
 	numa                                    int
 	procs                                   []nvmlProcess
 	procUtil                                []nvmlProcessUtil
+	energy                                  uint64
+	gpm                                     *fakeGPM // nil: not supported
 	errs                                    map[string]error
 }
 
@@ -252,6 +254,26 @@ func (f *fakeDevice) NVLinkRemoteDeviceType(l int) (int, error) {
 func (f *fakeDevice) FabricInfo() (nvmlFabric, error)   { return ans(f, "FabricInfo", f.fabric) }
 func (f *fakeDevice) NUMANode() (int, error)            { return ans(f, "NUMANode", f.numa) }
 func (f *fakeDevice) Processes() ([]nvmlProcess, error) { return ans(f, "Processes", f.procs) }
+func (f *fakeDevice) TotalEnergy() (uint64, error)      { return ans(f, "TotalEnergy", f.energy) }
+func (f *fakeDevice) GPM() (nvmlGPM, error) {
+	if f.gpm == nil {
+		return nil, errNVMLNotSupported
+	}
+	return f.gpm, nil
+}
+
+// fakeGPM counts its samples; the activity between two is that of the
+// later one's number (sample n reads n percent SM busy).
+type fakeGPM struct {
+	taken, freed int
+}
+
+func (g *fakeGPM) Sample() (gpmSample, error) { g.taken++; return g.taken, nil }
+func (g *fakeGPM) Free(gpmSample)             { g.freed++ }
+func (g *fakeGPM) Between(a, b gpmSample) (NVMLActivity, error) {
+	sm, tensor := float64(b.(int)), float64(a.(int))
+	return NVMLActivity{SMPercent: &sm, TensorPercent: &tensor}, nil
+}
 func (f *fakeDevice) ProcessUtilization(uint64) ([]nvmlProcessUtil, error) {
 	return ans(f, "ProcessUtilization", f.procUtil)
 }

@@ -14,6 +14,14 @@ import (
 type NVMLSampler struct {
 	mu  sync.Mutex
 	lib nvmlLib
+	// gpm holds, per GPU (by UUID), the last GPM sample and its device's
+	// monitor: the next sample's activity is measured from it.
+	gpm map[string]gpmState
+}
+
+type gpmState struct {
+	m    nvmlGPM
+	last gpmSample
 }
 
 // OpenNVMLSampler loads NVML (libPath as for CollectNVML). The error wraps
@@ -40,7 +48,60 @@ func (s *NVMLSampler) Sample(ctx context.Context) (*NVMLReadings, error) {
 	}
 	nvmlMu.Lock()
 	defer nvmlMu.Unlock()
-	return collectNVML(ctx, s.lib)
+	r, err := collectNVML(ctx, s.lib)
+	if err != nil {
+		return nil, err
+	}
+	s.sampleGPM(r)
+	return r, nil
+}
+
+// sampleGPM takes a GPM sample of every GPU that has GPM and sets the
+// activity since the previous one; the first sample of a GPU sets none.
+func (s *NVMLSampler) sampleGPM(r *NVMLReadings) {
+	if s.gpm == nil {
+		s.gpm = map[string]gpmState{}
+	}
+	seen := map[string]bool{}
+	for i := range r.Devices {
+		d := &r.Devices[i]
+		if d.UUID == "" {
+			continue
+		}
+		dev, err := s.lib.Device(d.Index)
+		if err != nil {
+			continue
+		}
+		st, ok := s.gpm[d.UUID]
+		if !ok {
+			m, err := dev.GPM()
+			if err != nil {
+				continue // no GPM on this GPU: kiln_gpu_metric_supported says so
+			}
+			st = gpmState{m: m}
+		}
+		cur, err := st.m.Sample()
+		if err != nil {
+			continue
+		}
+		seen[d.UUID] = true
+		if st.last != nil {
+			if a, err := st.m.Between(st.last, cur); err == nil {
+				d.Activity = &a
+			}
+			st.m.Free(st.last)
+		}
+		st.last = cur
+		s.gpm[d.UUID] = st
+	}
+	for uuid, st := range s.gpm {
+		if !seen[uuid] {
+			if st.last != nil {
+				st.m.Free(st.last)
+			}
+			delete(s.gpm, uuid) // gone, or its sample failed: start again
+		}
+	}
 }
 
 // Close unloads NVML.
@@ -52,6 +113,12 @@ func (s *NVMLSampler) Close() error {
 	}
 	nvmlMu.Lock()
 	defer nvmlMu.Unlock()
+	for _, st := range s.gpm {
+		if st.last != nil {
+			st.m.Free(st.last)
+		}
+	}
+	s.gpm = nil
 	err := s.lib.Shutdown()
 	s.lib = nil
 	return err
@@ -100,6 +167,7 @@ func Resample(base *snapshot.Snapshot, r *NVMLReadings) *snapshot.Snapshot {
 		}
 		g.Power, g.Clocks, g.Temperature, g.Fans = f.Power, f.Clocks, f.Temperature, f.Fans
 		g.PerformanceState, g.UtilizationGPU, g.Processes, g.ProcessList = f.PerformanceState, f.UtilizationGPU, f.Processes, f.ProcessList
+		g.Activity = f.Activity
 		g.ECC, g.RetiredPages, g.RemappedRows, g.Throttle = f.ECC, f.RetiredPages, f.RemappedRows, f.Throttle
 		// The link's rated and host-side figures come from sysfs and stay.
 		if f.PCIe != nil && g.PCIe != nil {

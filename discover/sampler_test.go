@@ -114,3 +114,46 @@ func TestProcesses(t *testing.T) {
 		t.Errorf("resampled processes: %+v", got.GPUs[0].ProcessList)
 	}
 }
+
+// TestSamplerGPM: the sampler measures a GPU's activity between its last
+// two GPM samples (none on the first), frees every sample it is done
+// with, and a GPU without GPM gets no activity.
+func TestSamplerGPM(t *testing.T) {
+	lib := fakeH100Node()
+	g := &fakeGPM{}
+	lib.devices[0].gpm = g
+	lib.devices[0].energy = 123456789
+	s := &NVMLSampler{lib: lib}
+	first, err := s.Sample(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Devices[0].Activity != nil {
+		t.Errorf("activity after one sample: %+v", first.Devices[0].Activity)
+	}
+	second, err := s.Sample(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := second.Devices[0].Activity
+	if a == nil || a.SMPercent == nil || *a.SMPercent != 2 || *a.TensorPercent != 1 {
+		t.Fatalf("activity between samples 1 and 2: %+v", a)
+	}
+	if second.Devices[1].Activity != nil {
+		t.Errorf("a GPU without GPM has activity %+v", second.Devices[1].Activity)
+	}
+	snap := &snapshot.Snapshot{}
+	second.Apply(snap)
+	if act := snap.GPUs[0].Activity; act == nil || act.SM == nil || *act.SM != 0.02 {
+		t.Errorf("snapshot activity %+v, want SM 0.02", act)
+	}
+	if p := snap.GPUs[0].Power; p == nil || p.EnergyJ == nil || *p.EnergyJ != 123456.789 {
+		t.Errorf("energy %+v, want 123456.789 J", p)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if g.taken != 2 || g.freed != 2 {
+		t.Errorf("GPM samples taken %d, freed %d: every sample must be freed", g.taken, g.freed)
+	}
+}

@@ -15,7 +15,7 @@ import (
 // do not hold for the other. nodes maps a node's name to its Snapshot;
 // the findings name the nodes (Machine) and say which runs what.
 func Fleet(nodes map[string]*snapshot.Snapshot) []Finding {
-	vbios := map[string]map[string][]string{}  // model -> VBIOS -> nodes
+	vbios := map[string]map[string][]string{}   // model -> VBIOS -> nodes
 	drivers := map[string]map[string][]string{} // vendor -> driver -> nodes
 	add := func(m map[string]map[string][]string, k, v, node string) {
 		if k == "" || v == "" {
@@ -46,28 +46,28 @@ func Fleet(nodes map[string]*snapshot.Snapshot) []Finding {
 		}
 	}
 	var out []Finding
-	for _, model := range sortedKeys(vbios) {
-		if len(vbios[model]) < 2 {
-			continue
+	// mixed adds a finding for each key that has several values.
+	mixed := func(by map[string]map[string][]string, id string, sev Severity, title func(k string, n int) string, impact, remedy string) {
+		for _, k := range sortedKeys(by) {
+			if len(by[k]) < 2 {
+				continue
+			}
+			out = append(out, Finding{ID: id, Severity: sev, Title: title(k, len(by[k])), Evidence: spread(by[k]),
+				Impact: impact, Remedy: remedy, Machine: strings.Join(nodesOf(by[k]), ", ")})
 		}
-		out = append(out, Finding{ID: "fleet-vbios-mixed", Severity: Warning,
-			Title:    fmt.Sprintf("%s runs %d VBIOS versions across the fleet", model, len(vbios[model])),
-			Evidence: spread(vbios[model]),
-			Impact:   "The same GPU on different firmware can clock, throttle and fail differently: results and benchmarks of one node do not hold on another, and a job spread over them runs at the pace of the slowest.",
-			Remedy:   "Bring every node's GPUs of this model to one VBIOS (the vendor's firmware update for the board), then run kiln doctor and kiln bench again.",
-			Machine:  strings.Join(nodesOf(vbios[model]), ", ")})
 	}
-	for _, vendor := range sortedKeys(drivers) {
-		if len(drivers[vendor]) < 2 {
-			continue
-		}
-		out = append(out, Finding{ID: "fleet-driver-mixed", Severity: Info,
-			Title:    fmt.Sprintf("%s GPUs run %d driver versions across the fleet", vendor, len(drivers[vendor])),
-			Evidence: spread(drivers[vendor]),
-			Impact:   "An image that runs on one node's driver may need a newer one elsewhere (kiln compat judges each node), and driver bugs differ between versions.",
-			Remedy:   "Run one driver version on every node where the images allow, and check images with kiln compat against the oldest one kept.",
-			Machine:  strings.Join(nodesOf(drivers[vendor]), ", ")})
-	}
+	mixed(vbios, "fleet-vbios-mixed", Warning,
+		func(model string, n int) string {
+			return fmt.Sprintf("%s runs %d VBIOS versions across the fleet", model, n)
+		},
+		"The same GPU on different firmware can clock, throttle and fail differently: results and benchmarks of one node do not hold on another, and a job spread over them runs at the pace of the slowest.",
+		"Bring every node's GPUs of this model to one VBIOS (the vendor's firmware update for the board), then run kiln doctor and kiln bench again.")
+	mixed(drivers, "fleet-driver-mixed", Info,
+		func(vendor string, n int) string {
+			return fmt.Sprintf("%s GPUs run %d driver versions across the fleet", vendor, n)
+		},
+		"An image that runs on one node's driver may need a newer one elsewhere (kiln compat judges each node), and driver bugs differ between versions.",
+		"Run one driver version on every node where the images allow, and check images with kiln compat against the oldest one kept.")
 	return out
 }
 

@@ -100,9 +100,10 @@ var Readings = []string{
 	"utilization", "memory", "power", "temperature", "clocks", "fans",
 	"throttle", "pcie_link", "pcie_replays", "nvlink", "ecc", "row_remapping",
 	"retired_pages", "processes",
-	// Profiling readings (NVML's GPM, Hopper and newer): kiln's samples do
-	// not hold them yet.
+	// Profiling readings (NVML's GPM, Hopper and newer, measured between
+	// two of the agent's samples).
 	"sm_activity", "tensor_activity", "dram_activity",
+	"energy",
 }
 
 // Families returns the node's families, sorted by name; families without
@@ -246,6 +247,30 @@ func (b *builder) gpu(s *snapshot.Snapshot, g *snapshot.GPU, finds []Finding) {
 		}
 		if p.MaxLimitW != nil {
 			b.family("kiln_gpu_power_max_limit_watts", Gauge, "The highest power limit the GPU's board allows.", gpuLabels...).add(*p.MaxLimitW, lv()...)
+		}
+	}
+	if p := g.Power; p != nil && p.EnergyJ != nil {
+		has["energy"] = true
+		b.family("kiln_gpu_energy_joules_total", Counter, "Energy the GPU used since the driver loaded.", gpuLabels...).add(*p.EnergyJ, lv()...)
+	}
+	if a := g.Activity; a != nil {
+		for _, x := range []struct {
+			v          *float64
+			name, help string
+			reading    string
+		}{
+			{a.Graphics, "kiln_gpu_graphics_engine_active_ratio", "Share of the last sample period the graphics (compute) engine was busy, by the GPU's profiling counters.", ""},
+			{a.SM, "kiln_gpu_sm_active_ratio", "Share of the SMs' time in the last sample period with work on them, by the GPU's profiling counters.", "sm_activity"},
+			{a.Tensor, "kiln_gpu_tensor_active_ratio", "Share of the last sample period the tensor cores were busy, by the GPU's profiling counters.", "tensor_activity"},
+			{a.DRAM, "kiln_gpu_dram_active_ratio", "Share of the last sample period the memory interface was busy, by the GPU's profiling counters.", "dram_activity"},
+		} {
+			if x.v == nil {
+				continue
+			}
+			if x.reading != "" {
+				has[x.reading] = true
+			}
+			b.family(x.name, Gauge, x.help, gpuLabels...).add(*x.v, lv()...)
 		}
 	}
 	b.temperatures(g, lv, has)
@@ -514,9 +539,30 @@ func (b *builder) dcgm(s *snapshot.Snapshot, g *snapshot.GPU, host string) {
 	}
 	if g.UtilizationGPU != nil {
 		gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", *g.UtilizationGPU)
+	}
+	const grHelp = "Ratio of time the graphics engine is active; NVML's utilization where the GPU gives no profiling sample."
+	a := g.Activity
+	switch {
+	case a != nil && a.Graphics != nil:
+		gauge("DCGM_FI_PROF_GR_ENGINE_ACTIVE", grHelp, *a.Graphics)
+	case g.UtilizationGPU != nil:
 		// Without a GPM sample, the graphics engine's activity is NVML's
 		// utilization: the share of time a kernel ran.
-		gauge("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active; NVML's utilization where the GPU gives no profiling sample.", *g.UtilizationGPU/100)
+		gauge("DCGM_FI_PROF_GR_ENGINE_ACTIVE", grHelp, *g.UtilizationGPU/100)
+	}
+	if a != nil {
+		if a.SM != nil {
+			gauge("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", *a.SM)
+		}
+		if a.Tensor != nil {
+			gauge("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", *a.Tensor)
+		}
+		if a.DRAM != nil {
+			gauge("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.", *a.DRAM)
+		}
+	}
+	if p := g.Power; p != nil && p.EnergyJ != nil {
+		counter("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", *p.EnergyJ*1000)
 	}
 	if g.MemoryTotalBytes > 0 {
 		const mib = 1 << 20

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"kiln.dev/kiln/placement"
-
 )
 
 func intersect(a, b []string) []string {

@@ -235,6 +235,9 @@ type GPU struct {
 	PerfLevel string `json:"perf_level,omitempty"`
 	// UtilizationGPU is percent busy, nil when unknown.
 	UtilizationGPU *float64 `json:"utilization_gpu,omitempty"`
+	// Activity is the profiling counters' view of the last sample period,
+	// where the GPU has them.
+	Activity *Activity `json:"activity,omitempty"`
 	// Persistence is nil when unknown (Windows: N/A).
 	Persistence *bool  `json:"persistence,omitempty"`
 	ComputeMode string `json:"compute_mode,omitempty"`
@@ -308,6 +311,18 @@ type Power struct {
 	DefaultLimitW *float64 `json:"default_limit_w,omitempty"`
 	MinLimitW     *float64 `json:"min_limit_w,omitempty"`
 	MaxLimitW     *float64 `json:"max_limit_w,omitempty"`
+	// EnergyJ is the energy the GPU used since the driver loaded.
+	EnergyJ *float64 `json:"energy_j,omitempty"`
+}
+
+// Activity is what a GPU's profiling counters say of the last sample
+// period (NVIDIA's GPM on Hopper and newer), as shares of the time, 0 to
+// 1: the graphics engine, SMs, tensor cores and DRAM busy.
+type Activity struct {
+	Graphics *float64 `json:"graphics,omitempty"`
+	SM       *float64 `json:"sm,omitempty"`
+	Tensor   *float64 `json:"tensor,omitempty"`
+	DRAM     *float64 `json:"dram,omitempty"`
 }
 
 // Clocks in MHz.

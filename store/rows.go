@@ -194,6 +194,7 @@ type findingRow struct {
 	Severity string   `json:"severity"`
 	Title    string   `json:"title"`
 	Devices  []string `json:"devices,omitempty"`
+	Remedy   string   `json:"remedy,omitempty"`
 }
 
 // limitsRow is a project's limits (projects.limits).
@@ -577,11 +578,11 @@ func deviceFromRow(r deviceRow) api.Device {
 }
 
 func findingToRow(f api.Finding) findingRow {
-	return findingRow{ID: f.ID, Severity: f.Severity, Title: f.Title, Devices: f.Devices}
+	return findingRow{ID: f.ID, Severity: f.Severity, Title: f.Title, Devices: f.Devices, Remedy: f.Remedy}
 }
 
 func findingFromRow(r findingRow) api.Finding {
-	return api.Finding{ID: r.ID, Severity: r.Severity, Title: r.Title, Devices: r.Devices}
+	return api.Finding{ID: r.ID, Severity: r.Severity, Title: r.Title, Devices: r.Devices, Remedy: r.Remedy}
 }
 
 func limitsToRow(l api.Limits) limitsRow {

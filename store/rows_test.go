@@ -247,7 +247,7 @@ var goldenKeys = map[string][]string{
 		"node.devices[].parent", "node.devices[].pci_address", "node.devices[].used_milli", "node.devices[].uuid",
 		"node.devices[].vendor",
 		"node.driver", "node.executor",
-		"node.findings", "node.findings[].devices", "node.findings[].id", "node.findings[].severity", "node.findings[].title",
+		"node.findings", "node.findings[].devices", "node.findings[].id", "node.findings[].remedy", "node.findings[].severity", "node.findings[].title",
 		"node.free_gpus", "node.hostname", "node.id", "node.joined_at", "node.last_seen", "node.no_containers",
 		"node.recorded",
 		"node.sandbox", "node.sandbox.cgroup", "node.sandbox.clean_env", "node.sandbox.devices", "node.sandbox.missing",

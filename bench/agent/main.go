@@ -23,6 +23,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"kiln.dev/kiln/bench/kilnbin"
 )
 
 func main() {
@@ -34,18 +36,9 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(dir)
-	built := filepath.Join(dir, "kiln-built")
-	build := exec.Command("go", "build", "-o", built, "./cmd/kiln")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fail(fmt.Errorf("building kiln: %w", err))
-	}
-	// Run a copy written with plain writes, as an installed binary is: the
-	// linker's output, written through a memory map, sits in large page
-	// cache folios that a run maps whole (see bench/doctor).
-	bin := filepath.Join(dir, "kiln")
-	if err := copyFile(built, bin); err != nil {
-		fail(fmt.Errorf("copying kiln: %w", err))
+	bin, err := kilnbin.Build(dir)
+	if err != nil {
+		fail(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -165,23 +158,6 @@ func cpuTime(pid int) time.Duration {
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(u+st) * time.Second / 100 // USER_HZ
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 func fail(err error) {

@@ -9,13 +9,14 @@ package main
 import (
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"syscall"
 	"time"
+
+	"kiln.dev/kiln/bench/kilnbin"
 )
 
 func main() {
@@ -26,22 +27,9 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(dir)
-	built := filepath.Join(dir, "kiln-built")
-	build := exec.Command("go", "build", "-o", built, "./cmd/kiln")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fail(fmt.Errorf("building kiln: %w", err))
-	}
-	// Run a copy written with plain writes, as an installed binary is
-	// (cp, install, a package manager). The Go linker writes its output
-	// through a memory map; on Linux 6.x those page-cache pages sit in
-	// large folios that a later run of the file maps whole, so the fresh
-	// output of go build measured about 10 MB more peak memory here than
-	// the same bytes copied (41 against 31 MB, kernel 6.18, ext4), and the
-	// same after the page cache was dropped.
-	bin := filepath.Join(dir, "kiln")
-	if err := copyFile(built, bin); err != nil {
-		fail(fmt.Errorf("copying kiln: %w", err))
+	bin, err := kilnbin.Build(dir)
+	if err != nil {
+		fail(err)
 	}
 	bigLog := filepath.Join(dir, "kernel-50mb.log")
 	if err := writeBigLog(bigLog, 50<<20); err != nil {
@@ -124,23 +112,6 @@ func writeBigLog(path string, size int64) error {
 // copyFile copies the executable src to dst, streaming: a child's peak
 // memory starts from what its parent holds when it forks, so the bench
 // keeps no copy of the binary in its own memory.
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench:", err)
 	os.Exit(1)

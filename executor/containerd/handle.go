@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"kiln.dev/kiln/executor/process"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/executor/process"
 )
 
 // handle is one running container job.
@@ -34,9 +37,38 @@ type handle struct {
 	stopping bool
 	exit     executor.Exit
 	err      error
+
+	cgOnce sync.Once
+	cg     string
 }
 
 var _ executor.Handle = (*handle)(nil)
+var _ executor.Cgrouped = (*handle)(nil)
+
+// Cgroup is the cgroup directory of the job's container, as its first
+// process's /proc entry says (executor.Cgrouped); "" when it cannot be
+// read. Every process of the container is in it or below it.
+func (h *handle) Cgroup() string {
+	h.cgOnce.Do(func() { h.cg = cgroupDir("/proc", int(h.task.Pid())) })
+	return h.cg
+}
+
+// cgroupDir is the cgroup v2 directory of a process, or "".
+func cgroupDir(proc string, pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil || len(b) > 64<<10 {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "0::"); ok && strings.HasPrefix(rest, "/") {
+			return filepath.Join("/sys/fs/cgroup", strings.TrimSpace(rest))
+		}
+	}
+	return ""
+}
 
 // Logs follows the job's log file from its start; the reader ends once
 // the job has ended and all its output has been read.
