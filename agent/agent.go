@@ -84,6 +84,7 @@ type Agent struct {
 	shape    [32]byte
 	snap     *snapshot.Snapshot
 	sampled  *snapshot.Snapshot // the last metrics sample (nil without metrics)
+	use      map[string]*jobUse // what running jobs used in the samples so far
 	finds    []api.Finding
 	wg       sync.WaitGroup
 }
@@ -617,6 +618,7 @@ func (a *Agent) await(ctx context.Context, j *job) {
 		rep.Reason = j.stopped
 	}
 	a.mu.Unlock()
+	rep.GPU = a.takeUse(j.a.JobID)
 	a.finish(ctx, j.a.JobID, rep)
 }
 

@@ -119,10 +119,13 @@ func (a *Agent) sampleOnce(ctx context.Context, c *prom.Collector) error {
 	a.mu.Lock()
 	a.sampled = s
 	a.mu.Unlock()
-	leases := a.leaseCgroups()
+	leases, jobs := a.leaseCgroups()
 	in := gpumetrics.Input{Snapshot: s, Findings: findingsOf(finds), Hostname: a.node, Leases: leases}
 	if len(leases) > 0 {
 		in.Cgroups = processCgroups(a.cfg.Metrics.Proc, s)
+		// Each job's own share, for what it used at its end.
+		uses, _ := gpumetrics.Attribute(s, jobs, in.Cgroups)
+		a.accumulate(jobs, uses)
 	}
 	return c.Set(gpumetrics.Families(in, gpumetrics.Options{DCGM: a.cfg.Metrics.DCGM}), start, time.Since(start))
 }
@@ -132,13 +135,14 @@ func (a *Agent) sampleOnce(ctx context.Context, c *prom.Collector) error {
 const cgroupMount = "/sys/fs/cgroup"
 
 // leaseCgroups are the leases of the jobs running here, each with the
-// cgroups of its jobs (those the executor gave one).
-func (a *Agent) leaseCgroups() []gpumetrics.Lease {
+// cgroups of its jobs (those the executor gave one), and the jobs with a
+// cgroup, each as a lease of its own (named by the job).
+func (a *Agent) leaseCgroups() (leases, jobs []gpumetrics.Lease) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	byID := map[string]*gpumetrics.Lease{}
 	var order []string
-	for _, j := range a.jobs {
+	for id, j := range a.jobs {
 		l := byID[j.a.LeaseID]
 		if l == nil {
 			l = &gpumetrics.Lease{ID: j.a.LeaseID, Project: j.a.Project, User: j.a.User}
@@ -149,14 +153,83 @@ func (a *Agent) leaseCgroups() []gpumetrics.Lease {
 			if dir := c.Cgroup(); dir != "" {
 				if rel, ok := strings.CutPrefix(dir, cgroupMount); ok && rel != "" {
 					l.Cgroups = append(l.Cgroups, rel)
+					jobs = append(jobs, gpumetrics.Lease{ID: id, Cgroups: []string{rel}})
 				}
 			}
 		}
 	}
 	sort.Strings(order)
-	out := make([]gpumetrics.Lease, 0, len(order))
+	leases = make([]gpumetrics.Lease, 0, len(order))
 	for _, id := range order {
-		out = append(out, *byID[id])
+		leases = append(leases, *byID[id])
+	}
+	sort.Slice(jobs, func(i, k int) bool { return jobs[i].ID < jobs[k].ID })
+	return leases, jobs
+}
+
+// jobUse adds up what a job used in the samples taken while it ran.
+type jobUse struct {
+	samples int
+	peak    uint64
+	smSum   float64
+	smN     int
+	sawSM   bool
+}
+
+// accumulate adds one sample's uses to each running job's; a job with no
+// process on a GPU in the sample used nothing then.
+func (a *Agent) accumulate(jobs []gpumetrics.Lease, uses []gpumetrics.Use) {
+	mem, sm, hasSM := map[string]uint64{}, map[string]float64{}, map[string]bool{}
+	for _, u := range uses {
+		mem[u.Lease] += u.MemoryBytes
+		if u.SMPercent != nil {
+			sm[u.Lease] += *u.SMPercent
+			hasSM[u.Lease] = true
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.use == nil {
+		a.use = map[string]*jobUse{}
+	}
+	for _, j := range jobs {
+		u := a.use[j.ID]
+		if u == nil {
+			u = &jobUse{}
+			a.use[j.ID] = u
+		}
+		u.samples++
+		u.peak = max(u.peak, mem[j.ID])
+		if hasSM[j.ID] || mem[j.ID] == 0 {
+			// No process on a GPU is no SM use; a process the driver does
+			// not sample (MIG) says nothing.
+			u.smSum += sm[j.ID]
+			u.smN++
+			u.sawSM = u.sawSM || hasSM[j.ID]
+		}
+	}
+}
+
+// takeUse is what a job used, for its exit report, and forgets it; nil
+// when no sample saw it run.
+func (a *Agent) takeUse(job string) *api.GPUUse {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u := a.use[job]
+	delete(a.use, job)
+	if u == nil || u.samples == 0 {
+		return nil
+	}
+	interval := a.cfg.Metrics.Interval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	// Held to what the server takes: a refused exit report would leave
+	// the job running in its view.
+	out := &api.GPUUse{PeakMemoryBytes: min(u.peak, 1<<50), Samples: u.samples, SampleSeconds: min(interval.Seconds(), 86400)}
+	if u.sawSM && u.smN > 0 {
+		m := min(max(u.smSum/float64(u.smN), 0), 100*256)
+		out.MeanSMPercent = &m
 	}
 	return out
 }

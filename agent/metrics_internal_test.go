@@ -14,6 +14,7 @@ import (
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/gpumetrics"
 	"kiln.dev/kiln/gpumetrics/prom"
 	"kiln.dev/kiln/snapshot"
 )
@@ -112,5 +113,30 @@ func TestSamplesAreValid(t *testing.T) {
 	}
 	if got[1].Utilization != nil || got[1].TemperatureC == nil || *got[1].TemperatureC != 42 {
 		t.Errorf("GPU 1: %+v (want no NaN utilization, the junction temperature)", got[1])
+	}
+}
+
+// TestJobUse: a job's peak GPU memory is the most its processes held at
+// once over its GPUs, its mean SM use counts the samples where it had no
+// GPU process as idle, and a job on MIG (no per-process SM samples) says
+// no SM figure rather than zero.
+func TestJobUse(t *testing.T) {
+	a := &Agent{}
+	jobs := []gpumetrics.Lease{{ID: "j1"}, {ID: "j2"}}
+	sm := func(v float64) *float64 { return &v }
+	a.accumulate(jobs, []gpumetrics.Use{{Lease: "j1", GPU: 0, MemoryBytes: 2 << 30, SMPercent: sm(80)}, {Lease: "j1", GPU: 1, MemoryBytes: 3 << 30, SMPercent: sm(40)},
+		{Lease: "j2", GPU: 2, Instance: "3/0", MemoryBytes: 1 << 30}})
+	a.accumulate(jobs, []gpumetrics.Use{{Lease: "j1", GPU: 0, MemoryBytes: 4 << 30, SMPercent: sm(60)}, {Lease: "j2", GPU: 2, Instance: "3/0", MemoryBytes: 2 << 30}})
+	a.accumulate(jobs, nil) // both idle
+	u1 := a.takeUse("j1")
+	if u1 == nil || u1.Samples != 3 || u1.PeakMemoryBytes != 5<<30 || u1.MeanSMPercent == nil || *u1.MeanSMPercent != 60 {
+		t.Errorf("j1: %+v (want 3 samples, peak 5 GiB, mean SM (120+60+0)/3 = 60)", u1)
+	}
+	u2 := a.takeUse("j2")
+	if u2 == nil || u2.PeakMemoryBytes != 2<<30 || u2.MeanSMPercent != nil {
+		t.Errorf("j2 on MIG: %+v (want peak 2 GiB and no SM figure)", u2)
+	}
+	if a.takeUse("j1") != nil || a.takeUse("never") != nil {
+		t.Error("a job's use is given once, and none for a job no sample saw")
 	}
 }

@@ -282,6 +282,9 @@ type Task struct {
 	// OpenPorts are the declared ports the agent found accepting
 	// connections.
 	OpenPorts []int `json:"open_ports,omitempty"`
+	// GPU is what the task used of its GPUs, as its agent reported at its
+	// end.
+	GPU *GPUUse `json:"gpu,omitempty"`
 }
 
 // States of a declared port.
@@ -619,6 +622,24 @@ type ExitReport struct {
 	Code   int    `json:"code"`
 	Signal string `json:"signal,omitempty"`
 	Reason string `json:"reason"`
+	// GPU is what the job's processes used of the node's GPUs while it
+	// ran, where the agent could see them.
+	GPU *GPUUse `json:"gpu,omitempty"`
+}
+
+// GPUUse is what a job used of its GPUs, from the agent's samples of the
+// processes in the job's cgroup.
+type GPUUse struct {
+	// PeakMemoryBytes is the most GPU memory its processes held at once
+	// (over all its GPUs), in the samples.
+	PeakMemoryBytes uint64 `json:"peak_memory_bytes"`
+	// MeanSMPercent is the mean over the samples of its processes' SM use
+	// summed over its GPUs (100 is one GPU busy); absent where the driver
+	// does not sample processes (MIG).
+	MeanSMPercent *float64 `json:"mean_sm_percent,omitempty"`
+	// Samples is how many samples saw it; SampleSeconds their interval.
+	Samples       int     `json:"samples"`
+	SampleSeconds float64 `json:"sample_s"`
 }
 
 // LeaseList is the answer of GET /v1/leases.

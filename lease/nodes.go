@@ -206,6 +206,10 @@ func (s *Core) taskEnded(js *jobState, node string, e api.ExitReport, state stri
 	}
 	code := e.Code
 	t.State, t.ExitCode, t.Reason = state, &code, e.Reason
+	if e.GPU != nil {
+		u := *e.GPU
+		t.GPU = &u
+	}
 	if n := s.nodes[node]; n != nil {
 		delete(n.stops, js.j.ID)
 		delete(n.tasks, js.j.ID)

@@ -602,5 +602,12 @@ func parseExit(b []byte) (api.ExitReport, error) {
 	if len(e.Reason) > 4096 || len(e.Signal) > 64 {
 		return e, errors.New("reason or signal too long")
 	}
+	if u := e.GPU; u != nil {
+		// 256 GPUs of a few TB each at most; SM use summed over them.
+		if u.Samples < 0 || u.SampleSeconds < 0 || u.SampleSeconds > 86400 || !(u.SampleSeconds >= 0) || u.PeakMemoryBytes > 1<<50 ||
+			(u.MeanSMPercent != nil && !(*u.MeanSMPercent >= 0 && *u.MeanSMPercent <= 100*maxNodeGPUs)) {
+			return e, errors.New("gpu: samples and their interval not negative, peak memory at most 1 PiB, mean SM use 0 to 100 per GPU")
+		}
+	}
 	return e, nil
 }

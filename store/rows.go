@@ -130,12 +130,20 @@ type jobRow struct {
 }
 
 type taskRow struct {
-	Node     string `json:"node"`
-	Rank     int    `json:"rank"`
-	State    string `json:"state"`
-	ExitCode *int   `json:"exit_code,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	Open     []int  `json:"open_ports,omitempty"`
+	Node     string     `json:"node"`
+	Rank     int        `json:"rank"`
+	State    string     `json:"state"`
+	ExitCode *int       `json:"exit_code,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+	Open     []int      `json:"open_ports,omitempty"`
+	GPU      *gpuUseRow `json:"gpu,omitempty"`
+}
+
+type gpuUseRow struct {
+	PeakMemoryBytes uint64   `json:"peak_memory_bytes"`
+	MeanSMPercent   *float64 `json:"mean_sm_percent,omitempty"`
+	Samples         int      `json:"samples"`
+	SampleSeconds   float64  `json:"sample_s"`
 }
 
 // nodeRow is a NodeRecord (nodes.data).
@@ -458,11 +466,17 @@ func jobFromRow(r jobRow) *api.Job {
 }
 
 func taskToRow(t api.Task) taskRow {
-	return taskRow{Node: t.Node, Rank: t.Rank, State: t.State, ExitCode: t.ExitCode, Reason: t.Reason, Open: t.OpenPorts}
+	return taskRow{Node: t.Node, Rank: t.Rank, State: t.State, ExitCode: t.ExitCode, Reason: t.Reason, Open: t.OpenPorts,
+		GPU: mapPtr(t.GPU, func(u api.GPUUse) gpuUseRow {
+			return gpuUseRow{PeakMemoryBytes: u.PeakMemoryBytes, MeanSMPercent: u.MeanSMPercent, Samples: u.Samples, SampleSeconds: u.SampleSeconds}
+		})}
 }
 
 func taskFromRow(r taskRow) api.Task {
-	return api.Task{Node: r.Node, Rank: r.Rank, State: r.State, ExitCode: r.ExitCode, Reason: r.Reason, OpenPorts: r.Open}
+	return api.Task{Node: r.Node, Rank: r.Rank, State: r.State, ExitCode: r.ExitCode, Reason: r.Reason, OpenPorts: r.Open,
+		GPU: mapPtr(r.GPU, func(u gpuUseRow) api.GPUUse {
+			return api.GPUUse{PeakMemoryBytes: u.PeakMemoryBytes, MeanSMPercent: u.MeanSMPercent, Samples: u.Samples, SampleSeconds: u.SampleSeconds}
+		})}
 }
 
 func nodeToRow(n NodeRecord) nodeRow {

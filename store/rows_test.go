@@ -235,7 +235,7 @@ var goldenKeys = map[string][]string{
 		"created_at", "exit_code", "finished_at", "id", "lease_id", "project", "reason",
 		"spec", "spec.command", "spec.env", "spec.env.<key0>", "spec.env.<key1>", "spec.image", "spec.ports", "spec.workdir",
 		"started_at", "state",
-		"tasks", "tasks[].exit_code", "tasks[].node", "tasks[].open_ports", "tasks[].rank", "tasks[].reason", "tasks[].state",
+		"tasks", "tasks[].exit_code", "tasks[].gpu", "tasks[].gpu.mean_sm_percent", "tasks[].gpu.peak_memory_bytes", "tasks[].gpu.sample_s", "tasks[].gpu.samples", "tasks[].node", "tasks[].open_ports", "tasks[].rank", "tasks[].reason", "tasks[].state",
 	},
 	"nodes.data": {
 		"cert_sha256", "key_sha256",

@@ -411,7 +411,10 @@ type EventList struct {
 
 // ExitReport how a task ended
 type ExitReport struct {
-	Code   *int    `json:"code,omitempty"`
+	Code *int `json:"code,omitempty"`
+
+	// Gpu what a job's processes used of its GPUs while it ran, from the agent's samples of the processes in the job's cgroup
+	Gpu    *GPUUse `json:"gpu,omitempty"`
 	Reason *string `json:"reason,omitempty"`
 	Signal *string `json:"signal,omitempty"`
 }
@@ -437,6 +440,19 @@ type GPUSample struct {
 
 	// Util percent of the last sample period
 	Util *float32 `json:"util,omitempty"`
+}
+
+// GPUUse what a job's processes used of its GPUs while it ran, from the agent's samples of the processes in the job's cgroup
+type GPUUse struct {
+	// MeanSmPercent the mean of its processes' SM use summed over its GPUs (100: one GPU busy); absent where the driver does not sample processes
+	MeanSmPercent *float32 `json:"mean_sm_percent,omitempty"`
+
+	// PeakMemoryBytes the most GPU memory its processes held at once
+	PeakMemoryBytes int `json:"peak_memory_bytes"`
+
+	// SampleS the samples' interval
+	SampleS float32 `json:"sample_s"`
+	Samples int     `json:"samples"`
 }
 
 // Heartbeat defines model for Heartbeat.
@@ -855,8 +871,11 @@ type StopOrder struct {
 
 // Task a job's part on one node (a gang job has one per node)
 type Task struct {
-	ExitCode *int   `json:"exit_code,omitempty"`
-	Node     string `json:"node"`
+	ExitCode *int `json:"exit_code,omitempty"`
+
+	// Gpu what a job's processes used of its GPUs while it ran, from the agent's samples of the processes in the job's cgroup
+	Gpu  *GPUUse `json:"gpu,omitempty"`
+	Node string  `json:"node"`
 
 	// OpenPorts the declared ports the agent found accepting connections
 	OpenPorts *[]int  `json:"open_ports,omitempty"`
