@@ -148,6 +148,7 @@ func (s *Server) uiHandler() http.Handler {
 	mux.HandleFunc("GET /ui/api/fleet", s.uiAPI(s.uiFleet))
 	mux.HandleFunc("GET /ui/api/nodes/{id}", s.uiAPI(s.uiNode))
 	mux.HandleFunc("GET /ui/api/nodes/{id}/gpus/{index}", s.uiAPI(s.uiGPU))
+	mux.HandleFunc("GET /ui/api/leases/{id}", s.uiAPI(s.uiLease))
 	mux.HandleFunc("GET /ui/api/events", s.uiAPI(s.uiEvents))
 	mux.HandleFunc("GET /ui/{path...}", func(w http.ResponseWriter, r *http.Request) {
 		if code := r.URL.Query().Get(uiCodeParam); code != "" {
@@ -259,6 +260,8 @@ type (
 		// of projects the viewer may not see are "another project").
 		UsedMilli   int      `json:"used_milli"`
 		Projects    []string `json:"projects,omitempty"`
+		// Leases are the ones holding it that the viewer may see.
+		Leases      []string `json:"leases,omitempty"`
 		Utilization *float64 `json:"utilization,omitempty"`
 	}
 	uiProject struct {
@@ -338,6 +341,8 @@ func (s *Server) nodeRow(c *caller, n api.Node, snap *snapshot.Snapshot, project
 			p := projectOf[id]
 			if p == "" || !c.canSee(p) {
 				p = otherProject
+			} else {
+				g.Leases = append(g.Leases, id)
 			}
 			if !seen[p] {
 				seen[p] = true
@@ -627,6 +632,36 @@ func (s *Server) uiGPU(w http.ResponseWriter, r *http.Request, c *caller) {
 			x.Mem = &m
 		}
 		out.Points = append(out.Points, x)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// uiLease is a lease with its jobs, as the caller may see them.
+func (s *Server) uiLease(w http.ResponseWriter, r *http.Request, c *caller) {
+	r = r.WithContext(withCaller(r, c))
+	id := r.PathValue("id")
+	s.mu.Lock()
+	l, _, err := s.leaseByID(r, id)
+	if err != nil {
+		s.mu.Unlock()
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	s.core.Decorate(l, time.Now())
+	out := struct {
+		Lease *api.Lease `json:"lease"`
+		Jobs  []*api.Job `json:"jobs"`
+	}{Lease: l, Jobs: []*api.Job{}}
+	for _, jid := range l.Jobs {
+		if j, err := s.jobByID(r, jid); err == nil {
+			out.Jobs = append(out.Jobs, j)
+		}
+	}
+	seq := s.wseq
+	s.mu.Unlock()
+	if err := s.durable(seq); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -51,6 +52,25 @@ func TestWebPageSignIn(t *testing.T) {
 	base := c.url + "/ui/api/fleet"
 	if resp, err := hc.Get(base); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("the page's data with the session: %v %v", err, status(resp))
+	}
+	// A member sees nothing of another project: not its queued lease, not
+	// its page, not its name.
+	c.project("secret", 1)
+	var hidden api.Lease
+	if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "secret", GPUs: 1}, &hidden); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = hc.Get(c.url + "/ui/api/fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "secret") || strings.Contains(string(body), hidden.ID) {
+		t.Errorf("a member's fleet view shows another project's lease: %s", body)
+	}
+	if resp, err := hc.Get(c.url + "/ui/api/leases/" + hidden.ID); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("a member asks for another project's lease page: %v %v, want 404", err, status(resp))
 	}
 	// A second browser with the same link is refused: the code is spent.
 	other := c.browserClient(t)
@@ -129,6 +149,7 @@ func TestWebPageInBrowser(t *testing.T) {
 	if err := c.admin.Do(ctx, "POST", "/v1/leases", api.LeaseRequest{Project: "default", GPUs: 2, Constraints: api.Constraints{Nodes: []string{"hgx"}}}, &l); err != nil || l.State != api.LeaseGranted {
 		t.Fatalf("lease: %v %+v", err, l)
 	}
+	first := l.ID
 	link, err := c.admin.UILink(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +296,20 @@ func TestWebPageInBrowser(t *testing.T) {
 	if fixes := eval(`document.querySelectorAll("#findings .finding .remedy").length`); fixes == 0 {
 		t.Errorf("no finding on the hgx node shows its fix")
 	}
+	if links := eval(`document.querySelectorAll('table#gpus a[href="/ui/leases/` + first + `"]').length`); links != 2 {
+		t.Errorf("the node page links the lease from %d GPUs, want its 2", links)
+	}
 	shot("node-hgx")
+
+	// The lease's page: its state and where it holds GPUs.
+	open(c.url+"/ui/leases/"+first, "table#lease")
+	if st := text(`document.querySelector('table#lease td').textContent`); st != "granted" {
+		t.Errorf("the lease page says %q, want granted", st)
+	}
+	if got := text(`document.querySelector('#allocations').textContent`); !strings.HasPrefix(got, "hgx: ") {
+		t.Errorf("the lease page's GPUs: %q", got)
+	}
+	shot("lease")
 
 	// A GPU's page draws its hour of readings, the utilisation at 75%.
 	open(c.url+"/ui/nodes/hgx/gpus/0", `svg.chart[data-chart="util"]`)

@@ -143,7 +143,7 @@ async function queue() {
   const body = el("tbody");
   for (const q of f.queue || []) {
     body.append(el("tr", { "data-lease": q.id },
-      el("td", { class: "num", text: q.position }), el("td", { text: q.id }), el("td", { text: q.project }),
+      el("td", { class: "num", text: q.position }), el("td", {}, el("a", { href: "/ui/leases/" + encodeURIComponent(q.id), text: q.id })), el("td", { text: q.project }),
       el("td", { text: q.user || "" }), el("td", { text: q.size }),
       el("td", { text: q.estimated_start ? new Date(q.estimated_start).toLocaleString() : "unknown" }),
       el("td", { text: q.reason || "" })));
@@ -258,6 +258,49 @@ function topology(n) {
   return s;
 }
 
+// heldBy names who holds a GPU, each lease the viewer may see linked.
+function heldBy(g) {
+  if (!(g.projects || []).length) return [g.drained ? "drained" : "free"];
+  const out = [(g.projects || []).join(", ")];
+  for (const l of g.leases || []) out.push(" ", el("a", { href: "/ui/leases/" + encodeURIComponent(l), text: l }));
+  return out;
+}
+
+function gib(b) { return `${Math.round(b / 2 ** 30 * 10) / 10} GiB`; }
+
+async function lease(id) {
+  const v = await get("/ui/api/leases/" + encodeURIComponent(id));
+  const l = v.lease;
+  const when = (t) => t ? new Date(t).toLocaleString() : "";
+  const facts = el("table", { id: "lease" }, el("tbody", {},
+    ...[["State", l.state + (l.reason ? ": " + l.reason : "")], ["Project", l.project], ["User", l.user],
+      ["Asks for", `${l.request.gpus || 0} GPUs`], ["Created", when(l.created_at)], ["Granted", when(l.granted_at)],
+      ["Ends", when(l.ends_at)], ["Ended", when(l.ended_at)], ["Queue position", l.queue_position || ""]]
+      .filter(r => r[1] !== "" && r[1] !== undefined)
+      .map(r => el("tr", {}, el("th", { text: r[0] }), el("td", { text: String(r[1]) })))));
+  const alloc = el("ul", { id: "allocations" });
+  for (const a of l.allocations || []) {
+    alloc.append(el("li", {}, el("a", { href: "/ui/nodes/" + encodeURIComponent(a.node), text: a.node }), ": ",
+      (a.devices || []).map(d => `${d.id}${d.model ? " (" + d.model + ")" : ""}`).join(", ")));
+  }
+  const jobs = el("tbody");
+  for (const j of v.jobs) {
+    for (const t of j.tasks && j.tasks.length ? j.tasks : [{}]) {
+      const u = t.gpu;
+      jobs.append(el("tr", { "data-job": j.id },
+        el("td", { text: j.id }), el("td", { text: j.state }), el("td", { text: t.node || "" }),
+        el("td", { class: "num", text: t.exit_code ?? j.exit_code ?? "" }),
+        el("td", { class: "num", "data-col": "peak", text: u ? gib(u.peak_memory_bytes) : "" }),
+        el("td", { class: "num", "data-col": "sm", text: u && u.mean_sm_percent !== undefined ? `${Math.round(u.mean_sm_percent)}%` : "" }),
+        el("td", { text: j.reason || t.reason || "" })));
+    }
+  }
+  main.replaceChildren(el("h1", { text: `Lease ${l.id}` }), facts,
+    el("h2", { text: "GPUs" }), (l.allocations || []).length ? alloc : el("p", { class: "muted", text: "None held." }),
+    el("h2", { text: "Jobs" }), el("table", { id: "jobs" },
+      el("thead", {}, el("tr", {}, ...["Job", "State", "Node", "Exit", "Peak GPU memory", "Mean SM use", "Why"].map(h => el("th", { text: h })))), jobs));
+}
+
 async function node(id) {
   const n = await get("/ui/api/nodes/" + encodeURIComponent(id));
   const rows = el("tbody");
@@ -266,7 +309,7 @@ async function node(id) {
       el("td", {}, g.parent ? `${g.parent} / ${g.mig}` : el("a", { href: `/ui/nodes/${encodeURIComponent(n.id)}/gpus/${g.index}`, text: `GPU ${g.index}` })),
       el("td", { text: g.model || "" }),
       el("td", { text: g.pci || "" }), el("td", { text: g.numa ?? "" }),
-      el("td", { text: (g.projects || []).join(", ") || (g.drained ? "drained" : "free") }),
+      el("td", {}, ...heldBy(g)),
       el("td", { class: "num", text: g.utilization === undefined || g.utilization === null ? "unknown" : `${g.utilization}%` })));
   }
   const finds = el("div", { id: "findings" });
@@ -324,6 +367,7 @@ function route() {
   const p = location.pathname.replace(/^\/ui\/?/, "");
   const m = p.match(/^nodes\/([^/]+)\/gpus\/(\d+)$/);
   if (m) return () => gpu(decodeURIComponent(m[1]), m[2]);
+  if (p.startsWith("leases/")) return () => lease(decodeURIComponent(p.slice(7)));
   if (p.startsWith("nodes/")) return () => node(decodeURIComponent(p.slice(6)));
   if (p === "queue") return queue;
   if (p === "projects") return projects;
