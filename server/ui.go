@@ -258,8 +258,8 @@ type (
 		Drained bool   `json:"drained,omitempty"`
 		// UsedMilli is how much of it leases hold; Projects who (names
 		// of projects the viewer may not see are "another project").
-		UsedMilli   int      `json:"used_milli"`
-		Projects    []string `json:"projects,omitempty"`
+		UsedMilli int      `json:"used_milli"`
+		Projects  []string `json:"projects,omitempty"`
 		// Leases are the ones holding it that the viewer may see.
 		Leases      []string `json:"leases,omitempty"`
 		Utilization *float64 `json:"utilization,omitempty"`
