@@ -72,15 +72,22 @@ fi
 mkdir -p "$dest"
 out=$(cd "$dest" && pwd)/kiln
 ver=$(git -C "$src" describe --tags --always --dirty 2>/dev/null || echo dev)
-(
-	cd "$src"
-	CGO_ENABLED=$cgo CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
-		go build -ldflags "-X main.version=$ver" -o "$out" ./cmd/kiln 2>&1 |
-		{ grep -Ev '^go: downloading [^ ]+ v[0-9]' || true; } >&2
-)
+# kiln-agent is the same program built with only 'agent' and 'join'
+# (-tags agentonly): what GPU nodes run, kept small.
+for tags in "" agentonly; do
+	bin=$out
+	[ -n "$tags" ] && bin=$out-agent
+	(
+		cd "$src"
+		CGO_ENABLED=$cgo CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
+			go build -tags "$tags" -ldflags "-X main.version=$ver" -o "$bin" ./cmd/kiln 2>&1 |
+			{ grep -Ev '^go: downloading [^ ]+ v[0-9]' || true; } >&2
+	)
+done
 if [ "$cgo" = 1 ]; then
 	what="with cgo: reads NVIDIA GPUs through NVML"
 else
 	what="WITHOUT cgo: cannot read NVIDIA GPUs through NVML"
 fi
 echo "built ${dest%/}/kiln (kiln $ver, $(go env GOVERSION) $(go env GOOS)/$(go env GOARCH), $what)"
+echo "built ${dest%/}/kiln-agent (only 'agent' and 'join', for GPU nodes)"

@@ -67,6 +67,8 @@ fi
 # The end-to-end tests that run for seconds are tagged e2e (a plain go test
 # leaves them out); here every tool and test sees them.
 go vet -tags e2e ./...
+# kiln-agent, the agent-only build of cmd/kiln (scripts/install.sh).
+go build -tags agentonly -o /dev/null ./cmd/kiln
 # staticcheck and deadcode, at pinned versions (scripts/lint.sh lists the
 # findings alone).
 scripts/lint.sh

@@ -447,7 +447,7 @@ type GPUUse struct {
 	// MeanSmPercent the mean of its processes' SM use summed over its GPUs (100: one GPU busy); absent where the driver does not sample processes
 	MeanSmPercent *float32 `json:"mean_sm_percent,omitempty"`
 
-	// PeakMemoryBytes the most GPU memory its processes held at once
+	// PeakMemoryBytes the most GPU memory its processes held at once, over all its GPUs
 	PeakMemoryBytes int `json:"peak_memory_bytes"`
 
 	// SampleS the samples' interval

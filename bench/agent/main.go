@@ -1,10 +1,13 @@
 // Command agent measures kiln's agent on a recorded 8-GPU machine (the HGX
-// H100 fixture) sampling its metrics once a second: resident memory, CPU
-// share of one core, and the time a scrape of /metrics takes, as a table.
-// The goals are under 30 MB resident, under 1% of one core and under 5 ms a
-// scrape.
+// H100 fixture) sampling its metrics once a second, as kiln-agent (the
+// agent-only build) and as the full kiln: resident memory, CPU share of one
+// core, and the time a scrape of /metrics takes, as a table. The goals are
+// under 30 MB resident, under 1% of one core and under 5 ms a scrape.
 //
 //	go run ./bench/agent [-for 30s] [-scrapes 200]
+//
+// KILN_BENCH_AGENT_ENV=NAME=VALUE sets one variable in both agents'
+// environment (GOGC=25, say).
 package main
 
 import (
@@ -28,7 +31,7 @@ import (
 )
 
 func main() {
-	dur := flag.Duration("for", 30*time.Second, "how long the agent's memory and CPU are watched")
+	dur := flag.Duration("for", 30*time.Second, "how long each agent's memory and CPU are watched")
 	scrapes := flag.Int("scrapes", 200, "scrapes timed")
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "kiln-bench-agent")
@@ -36,14 +39,18 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(dir)
-	bin, err := kilnbin.Build(dir)
+	full, err := kilnbin.Build(dir)
+	if err != nil {
+		fail(err)
+	}
+	slim, err := kilnbin.BuildAs(dir, "kiln-agent")
 	if err != nil {
 		fail(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srvAddr, metricsAddr := freeAddr(), freeAddr()
-	srv := exec.CommandContext(ctx, bin, "server", "--data", filepath.Join(dir, "server"), "--listen", srvAddr)
+	srvAddr := freeAddr()
+	srv := exec.CommandContext(ctx, full, "server", "--data", filepath.Join(dir, "server"), "--listen", srvAddr)
 	out, err := srv.StdoutPipe()
 	if err != nil {
 		fail(err)
@@ -65,14 +72,52 @@ func main() {
 		fail(fmt.Errorf("the server printed no join command"))
 	}
 	go func() { _, _ = io.Copy(io.Discard, out) }()
-	agent := exec.CommandContext(ctx, bin, "join", m[1], "--token", m[2], "--ca-sha256", m[3], "--node", "hgx",
-		"--state", filepath.Join(dir, "agent"), "--job-dir", filepath.Join(dir, "jobs"),
+	// Each binary joins as a node of its own; the server's first join
+	// token joins one node, so the second asks for another.
+	cfgFile := filepath.Join(dir, "server", "admin-client.json")
+	tok := exec.Command(full, "token", "join")
+	tok.Env = append(os.Environ(), "KILN_CONFIG="+cfgFile)
+	second, err := tok.Output()
+	if err != nil {
+		fail(fmt.Errorf("kiln token join: %w", err))
+	}
+	m2 := join.FindStringSubmatch(string(second))
+	if m2 == nil {
+		fail(fmt.Errorf("kiln token join printed no join command: %s", second))
+	}
+	fmt.Printf("%-44s %12s %12s %10s\n", "agent, 8 recorded GPUs, 1 sample/s", "kiln-agent", "kiln", "goal")
+	a := measure(ctx, slim, m, filepath.Join(dir, "slim"), "hgx-slim", *dur, *scrapes)
+	b := measure(ctx, full, m2, filepath.Join(dir, "full"), "hgx-full", *dur, *scrapes)
+	row := func(name, format string, x, y float64, goal string) {
+		fmt.Printf("%-44s %12s %12s %10s\n", name, fmt.Sprintf(format, x), fmt.Sprintf(format, y), goal)
+	}
+	row("binary size (MB)", "%.1f", a.binMB, b.binMB, "")
+	row("resident memory, peak (MB)", "%.1f", a.peakMB, b.peakMB, "< 30")
+	row("  of it the heap and stacks (RssAnon, MB)", "%.1f", a.anonMB, b.anonMB, "")
+	row("  of it the binary's pages (RssFile, MB)", "%.1f", a.fileMB, b.fileMB, "")
+	row(fmt.Sprintf("CPU, %% of one core over %s", *dur), "%.2f", a.cpuPct, b.cpuPct, "< 1")
+	row(fmt.Sprintf("scrape p50 (ms, %d scrapes)", *scrapes), "%.2f", a.p50, b.p50, "< 5")
+	row("scrape p99 (ms)", "%.2f", a.p99, b.p99, "")
+	row("scrape size (bytes)", "%.0f", a.size, b.size, "")
+}
+
+type result struct {
+	binMB, peakMB, anonMB, fileMB, cpuPct, p50, p99, size float64
+}
+
+// measure joins bin as an agent with join's URL, token and CA
+// fingerprint, replaying the HGX fixture, and watches it.
+func measure(ctx context.Context, bin string, join []string, state, node string, dur time.Duration, scrapes int) result {
+	metricsAddr := freeAddr()
+	agent := exec.CommandContext(ctx, bin, "join", join[1], "--token", join[2], "--ca-sha256", join[3], "--node", node,
+		"--state", state, "--job-dir", state+"-jobs",
 		"--from", "testdata/fixtures/h100-hgx8-sysfs", "--metrics-addr", metricsAddr, "--metrics-interval", "1s")
 	agent.Stdout, agent.Stderr = io.Discard, io.Discard
+	agent.Env = append(os.Environ(), os.Getenv("KILN_BENCH_AGENT_ENV"))
 	if err := agent.Start(); err != nil {
 		fail(err)
 	}
-	defer func() { cancel(); _ = agent.Wait() }()
+	defer func() { _ = agent.Process.Kill(); _ = agent.Wait() }()
 	url := "http://" + metricsAddr + "/metrics"
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if resp, err := http.Get(url); err == nil {
@@ -82,23 +127,25 @@ func main() {
 			}
 		}
 		if time.Now().After(deadline) {
-			fail(fmt.Errorf("the agent's /metrics did not answer within 30 s"))
+			fail(fmt.Errorf("%s: the agent's /metrics did not answer within 30 s", bin))
 		}
 	}
 	time.Sleep(3 * time.Second) // past start-up
 	pid := agent.Process.Pid
 	cpu0, t0 := cpuTime(pid), time.Now()
-	var peak, last int64
+	var r result
 	var parts map[string]int64
-	for end := time.Now().Add(*dur); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+	for end := time.Now().Add(dur); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		parts = status(pid)
-		last = parts["VmRSS"]
-		peak = max(peak, last)
+		r.peakMB = max(r.peakMB, float64(parts["VmRSS"])/1e6)
 	}
-	share := (cpuTime(pid) - cpu0).Seconds() / time.Since(t0).Seconds() * 100
+	r.anonMB, r.fileMB = float64(parts["RssAnon"])/1e6, float64(parts["RssFile"])/1e6
+	r.cpuPct = (cpuTime(pid) - cpu0).Seconds() / time.Since(t0).Seconds() * 100
+	if st, err := os.Stat(bin); err == nil {
+		r.binMB = float64(st.Size()) / 1e6
+	}
 	var lat []float64
-	size := 0
-	for i := 0; i < *scrapes; i++ {
+	for i := 0; i < scrapes; i++ {
 		t := time.Now()
 		resp, err := http.Get(url)
 		if err != nil {
@@ -107,17 +154,11 @@ func main() {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		lat = append(lat, float64(time.Since(t).Microseconds())/1000)
-		size = len(b)
+		r.size = float64(len(b))
 	}
 	sort.Float64s(lat)
-	fmt.Printf("%-44s %10s %10s\n", "agent, 8 recorded GPUs, 1 sample/s", "measured", "goal")
-	fmt.Printf("%-44s %10.1f %10s\n", "resident memory, peak (MB)", float64(peak)/1e6, "< 30")
-	fmt.Printf("%-44s %10.1f %10s\n", "resident memory, last (MB)", float64(last)/1e6, "")
-	fmt.Printf("%-44s %10.1f %10s\n", "  of it the heap and stacks (RssAnon, MB)", float64(parts["RssAnon"])/1e6, "")
-	fmt.Printf("%-44s %10.1f %10s\n", "  of it the binary's pages (RssFile, MB)", float64(parts["RssFile"])/1e6, "")
-	fmt.Printf("%-44s %10.2f %10s\n", fmt.Sprintf("CPU, %% of one core over %s", *dur), share, "< 1")
-	fmt.Printf("%-44s %10.2f %10s\n", fmt.Sprintf("scrape p50 (ms, %d scrapes, %d bytes)", *scrapes, size), lat[len(lat)/2], "< 5")
-	fmt.Printf("%-44s %10.2f %10s\n", "scrape p99 (ms)", lat[len(lat)*99/100], "")
+	r.p50, r.p99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	return r
 }
 
 func freeAddr() string {
