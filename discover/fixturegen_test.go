@@ -755,7 +755,8 @@ func h100HGX8() *fxMachine {
 			NUMANode: intp(u.numa),
 		}
 		for l := 0; l < 18; l++ {
-			d.NVLinks = append(d.NVLinks, NVMLLink{Link: l, Active: true, Version: 4, RemotePCI: fmt.Sprintf("0000:%02x:00.0", 0x83+l%4), RemoteType: "nvswitch"})
+			d.NVLinks = append(d.NVLinks, NVMLLink{Link: l, Active: true, Version: 4, RemotePCI: fmt.Sprintf("0000:%02x:00.0", 0x83+l%4), RemoteType: "nvswitch",
+				Errors: &NVMLLinkErrors{}, TxKiB: u64(0), RxKiB: u64(0)})
 		}
 		nv.Devices = append(nv.Devices, d)
 	}

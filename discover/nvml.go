@@ -188,6 +188,11 @@ type nvmlDevice interface {
 	NVLinkVersion(link int) (uint32, error)
 	NVLinkRemotePCI(link int) (string, error)
 	NVLinkRemoteDeviceType(link int) (int, error)
+	// NVLinkErrors are a link's replay, recovery, CRC flit and CRC data
+	// error counters.
+	NVLinkErrors(link int) ([4]uint64, error)
+	// NVLinkTraffic is the data a link sent and received, in KiB.
+	NVLinkTraffic(link int) (tx, rx uint64, err error)
 
 	FabricInfo() (nvmlFabric, error)
 	NUMANode() (int, error)
@@ -647,6 +652,12 @@ func readNVLinks(dev nvmlDevice, d *NVMLDevice, c *collector) {
 			}
 			if t, err := dev.NVLinkRemoteDeviceType(l); c.ok(fmt.Sprintf("nvmlDeviceGetNvLinkRemoteDeviceType(%d)", l), err) {
 				nl.RemoteType = nvlinkRemoteTypeName(t)
+			}
+			if e, err := dev.NVLinkErrors(l); c.ok(fmt.Sprintf("nvmlDeviceGetNvLinkErrorCounter(%d)", l), err) {
+				nl.Errors = &NVMLLinkErrors{Replay: e[0], Recovery: e[1], CRCFlit: e[2], CRCData: e[3]}
+			}
+			if tx, rx, err := dev.NVLinkTraffic(l); c.ok(fmt.Sprintf("nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA, %d)", l), err) {
+				nl.TxKiB, nl.RxKiB = &tx, &rx
 			}
 		}
 		d.NVLinks = append(d.NVLinks, nl)

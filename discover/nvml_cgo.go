@@ -3,6 +3,7 @@
 package discover
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -667,4 +668,40 @@ func (m *goGPM) Between(earlier, later gpmSample) (NVMLActivity, error) {
 		}
 	}
 	return out, nil
+}
+
+func (x *goDevice) NVLinkErrors(link int) ([4]uint64, error) {
+	var out [4]uint64
+	if err := x.guard("nvmlDeviceGetNvLinkErrorCounter"); err != nil {
+		return out, err
+	}
+	for i, k := range []nvml.NvLinkErrorCounter{nvml.NVLINK_ERROR_DL_REPLAY, nvml.NVLINK_ERROR_DL_RECOVERY, nvml.NVLINK_ERROR_DL_CRC_FLIT, nvml.NVLINK_ERROR_DL_CRC_DATA} {
+		v, ret := x.d.GetNvLinkErrorCounter(link, k)
+		if err := nvmlErr(ret); err != nil {
+			return out, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func (x *goDevice) NVLinkTraffic(link int) (uint64, uint64, error) {
+	if err := x.guard("nvmlDeviceGetFieldValues"); err != nil {
+		return 0, 0, err
+	}
+	vs := []nvml.FieldValue{{FieldId: nvml.FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ScopeId: uint32(link)}, {FieldId: nvml.FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ScopeId: uint32(link)}}
+	if err := nvmlErr(x.d.GetFieldValues(vs)); err != nil {
+		return 0, 0, err
+	}
+	var out [2]uint64
+	for i, v := range vs {
+		if err := nvmlErr(nvml.Return(v.NvmlReturn)); err != nil {
+			return 0, 0, err
+		}
+		if nvml.ValueType(v.ValueType) != nvml.VALUE_TYPE_UNSIGNED_LONG_LONG {
+			return 0, 0, errNVMLNotSupported
+		}
+		out[i] = binary.NativeEndian.Uint64(v.Value[:]) // the C union, in the host's byte order
+	}
+	return out[0], out[1], nil
 }

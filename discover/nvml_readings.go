@@ -189,6 +189,19 @@ type NVMLLink struct {
 	RemotePCI string `json:"remote_pci,omitempty"`
 	// RemoteType is "gpu", "nvswitch" or "ibmnpu".
 	RemoteType string `json:"remote_type,omitempty"`
+	// Errors are the link's data-link error counters; TxKiB and RxKiB its
+	// data sent and received (KiB, since the driver loaded).
+	Errors *NVMLLinkErrors `json:"errors,omitempty"`
+	TxKiB  *uint64         `json:"tx_kib,omitempty"`
+	RxKiB  *uint64         `json:"rx_kib,omitempty"`
+}
+
+// NVMLLinkErrors are an NVLink's error counters.
+type NVMLLinkErrors struct {
+	Replay   uint64 `json:"replay"`
+	Recovery uint64 `json:"recovery"`
+	CRCFlit  uint64 `json:"crc_flit"`
+	CRCData  uint64 `json:"crc_data"`
 }
 
 // NVMLFabric is a GPU's NVSwitch fabric registration.
@@ -468,9 +481,17 @@ func (d *NVMLDevice) gpu() snapshot.GPU {
 			st = "active"
 		}
 		remote, _ := snapshot.CanonicalPCI(l.RemotePCI) // "" when absent or unreadable
-		g.NVLinks = append(g.NVLinks, snapshot.NVLink{
-			Link: l.Link, State: st, Version: int(l.Version), RemotePCI: remote, RemoteKind: l.RemoteType,
-		})
+		nl := snapshot.NVLink{Link: l.Link, State: st, Version: int(l.Version), RemotePCI: remote, RemoteKind: l.RemoteType}
+		if e := l.Errors; e != nil {
+			nl.Errors = &snapshot.NVLinkErrors{Replay: e.Replay, Recovery: e.Recovery, CRCFlit: e.CRCFlit, CRCData: e.CRCData}
+		}
+		if l.TxKiB != nil {
+			nl.TxBytes = snapshot.Ptr(*l.TxKiB * 1024)
+		}
+		if l.RxKiB != nil {
+			nl.RxBytes = snapshot.Ptr(*l.RxKiB * 1024)
+		}
+		g.NVLinks = append(g.NVLinks, nl)
 	}
 	return g
 }

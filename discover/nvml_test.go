@@ -255,6 +255,15 @@ func (f *fakeDevice) FabricInfo() (nvmlFabric, error)   { return ans(f, "FabricI
 func (f *fakeDevice) NUMANode() (int, error)            { return ans(f, "NUMANode", f.numa) }
 func (f *fakeDevice) Processes() ([]nvmlProcess, error) { return ans(f, "Processes", f.procs) }
 func (f *fakeDevice) TotalEnergy() (uint64, error)      { return ans(f, "TotalEnergy", f.energy) }
+func (f *fakeDevice) NVLinkErrors(link int) ([4]uint64, error) {
+	return ans(f, "NVLinkErrors", [4]uint64{uint64(link), 0, uint64(2 * link), 0})
+}
+func (f *fakeDevice) NVLinkTraffic(link int) (uint64, uint64, error) {
+	if err, bad := f.errs["NVLinkTraffic"]; bad {
+		return 0, 0, err
+	}
+	return uint64(1000 * link), uint64(2000 * link), nil
+}
 func (f *fakeDevice) GPM() (nvmlGPM, error) {
 	if f.gpm == nil {
 		return nil, errNVMLNotSupported

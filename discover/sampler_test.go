@@ -157,3 +157,29 @@ func TestSamplerGPM(t *testing.T) {
 		t.Errorf("GPM samples taken %d, freed %d: every sample must be freed", g.taken, g.freed)
 	}
 }
+
+// TestNVLinkCounters: an active link's error counters and traffic reach
+// the Snapshot, traffic in bytes.
+func TestNVLinkCounters(t *testing.T) {
+	r, err := collectNVML(context.Background(), fakeH100Node())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &snapshot.Snapshot{}
+	r.Apply(s)
+	var l3 *snapshot.NVLink
+	for i := range s.GPUs[0].NVLinks {
+		if s.GPUs[0].NVLinks[i].Link == 3 {
+			l3 = &s.GPUs[0].NVLinks[i]
+		}
+	}
+	if l3 == nil || l3.State != "active" {
+		t.Fatalf("link 3 of the fake H100: %+v", l3)
+	}
+	if l3.Errors == nil || l3.Errors.Replay != 3 || l3.Errors.CRCFlit != 6 {
+		t.Errorf("link 3 errors %+v, want replay 3 and CRC flit 6", l3.Errors)
+	}
+	if l3.TxBytes == nil || *l3.TxBytes != 3000*1024 || l3.RxBytes == nil || *l3.RxBytes != 6000*1024 {
+		t.Errorf("link 3 traffic %v %v, want 3000 and 6000 KiB in bytes", l3.TxBytes, l3.RxBytes)
+	}
+}

@@ -17,7 +17,7 @@
 // VBIOS) lives on kiln_gpu_info, so that a series does not change identity
 // when a description does. A reading the GPU
 // cannot give is not left missing without a word: kiln_gpu_metric_supported
-// says, per GPU and reading, whether the sample had it.
+// is 0 for each reading a GPU's sample did not have.
 package gpumetrics
 
 import (
@@ -98,7 +98,7 @@ type Options struct {
 // order: each names a group of series that a GPU may be unable to give.
 var Readings = []string{
 	"utilization", "memory", "power", "temperature", "clocks", "fans",
-	"throttle", "pcie_link", "pcie_replays", "nvlink", "ecc", "row_remapping",
+	"throttle", "pcie_link", "pcie_replays", "nvlink", "nvlink_errors", "nvlink_traffic", "ecc", "row_remapping",
 	"retired_pages", "processes",
 	// Profiling readings (NVML's GPM, Hopper and newer, measured between
 	// two of the agent's samples).
@@ -316,9 +316,32 @@ func (b *builder) gpu(s *snapshot.Snapshot, g *snapshot.GPU, finds []Finding) {
 	}
 	if len(g.NVLinks) > 0 {
 		has["nvlink"] = true
-		up := b.family("kiln_gpu_nvlink_up", Gauge, "1 when an NVLink of the GPU is active.", withGPU("link", "remote")...)
+		// Links are counted by state, and their errors and traffic summed,
+		// as dcgm-exporter's NVLINK_*_TOTAL are: per link they would be
+		// seven series for each of a Hopper's 18 links. The doctor's
+		// findings name a link that is down.
+		states := map[string]int{"active": 0, "inactive": 0}
+		var sum nvlinkSums
 		for _, nl := range g.NVLinks {
-			up.add(boolValue(nl.State == "active"), lv(strconv.Itoa(nl.Link), nl.RemoteKind)...)
+			states[nl.State]++
+			sum.add(nl)
+		}
+		links := b.family("kiln_gpu_nvlinks", Gauge, "The GPU's NVLinks by state: active, inactive, disabled.", withGPU("state")...)
+		for _, st := range sortedKeys(states) {
+			links.add(float64(states[st]), lv(st)...)
+		}
+		if sum.errors {
+			has["nvlink_errors"] = true
+			errs := b.family("kiln_gpu_nvlink_errors_total", Counter, "The GPU's NVLink data-link errors since the driver loaded, summed over its links, by kind: replay, recovery, crc_flit, crc_data.", withGPU("kind")...)
+			errs.add(float64(sum.replay), lv("replay")...)
+			errs.add(float64(sum.recovery), lv("recovery")...)
+			errs.add(float64(sum.crcFlit), lv("crc_flit")...)
+			errs.add(float64(sum.crcData), lv("crc_data")...)
+		}
+		if sum.traffic {
+			has["nvlink_traffic"] = true
+			b.family("kiln_gpu_nvlink_transmit_bytes_total", Counter, "Data the GPU sent over its NVLinks since the driver loaded.", gpuLabels...).add(float64(sum.tx), lv()...)
+			b.family("kiln_gpu_nvlink_receive_bytes_total", Counter, "Data the GPU received over its NVLinks since the driver loaded.", gpuLabels...).add(float64(sum.rx), lv()...)
 		}
 	}
 	if e := g.ECC; e != nil {
@@ -404,9 +427,13 @@ func (b *builder) gpu(s *snapshot.Snapshot, g *snapshot.GPU, finds []Finding) {
 	for _, sev := range severities {
 		finding.add(float64(per[sev]), lv(sev)...)
 	}
-	sup := b.family("kiln_gpu_metric_supported", Gauge, "1 when the GPU gave the reading in the last sample, 0 when it cannot (MIG mode hides utilization on A100 and H100, a consumer GPU has no ECC) or the tool did not say.", withGPU("metric")...)
+	// Only the readings a GPU did not give have a series (0): a reading it
+	// gives has series of its own, and a fleet's GPUs give most.
+	sup := b.family("kiln_gpu_metric_supported", Gauge, "0 for each reading the GPU did not give in the last sample: it cannot (MIG mode hides utilization on A100 and H100, a consumer GPU has no ECC, GPM needs Hopper) or its tools did not say. A reading it gives has no series here.", withGPU("metric")...)
 	for _, r := range Readings {
-		sup.add(boolValue(has[r]), lv(r)...)
+		if !has[r] {
+			sup.add(0, lv(r)...)
+		}
 	}
 }
 
@@ -498,6 +525,27 @@ func pciBusID(addr string) string {
 	return strings.ToUpper(strings.Repeat("0", max(0, 8-len(dom))) + dom + ":" + rest)
 }
 
+// nvlinkSums add up a GPU's NVLink counters over its links.
+type nvlinkSums struct {
+	replay, recovery, crcFlit, crcData, tx, rx uint64
+	errors, traffic                            bool
+}
+
+func (n *nvlinkSums) add(l snapshot.NVLink) {
+	if e := l.Errors; e != nil {
+		n.errors = true
+		n.replay += e.Replay
+		n.recovery += e.Recovery
+		n.crcFlit += e.CRCFlit
+		n.crcData += e.CRCData
+	}
+	if l.TxBytes != nil && l.RxBytes != nil {
+		n.traffic = true
+		n.tx += *l.TxBytes
+		n.rx += *l.RxBytes
+	}
+}
+
 // dcgmLabels are dcgm-exporter's labels on every GPU series.
 var dcgmLabels = []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 
@@ -587,6 +635,16 @@ func (b *builder) dcgm(s *snapshot.Snapshot, g *snapshot.GPU, host string) {
 		if r.Failure != nil {
 			gauge("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", boolValue(*r.Failure))
 		}
+	}
+	var nv nvlinkSums
+	for _, l := range g.NVLinks {
+		nv.add(l)
+	}
+	if nv.errors {
+		counter("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "Total number of NVLink flow-control CRC errors.", float64(nv.crcFlit))
+		counter("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "Total number of NVLink data CRC errors.", float64(nv.crcData))
+		counter("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "Total number of NVLink retries.", float64(nv.replay))
+		counter("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "Total number of NVLink recovery errors.", float64(nv.recovery))
 	}
 	if e := g.ECC; e != nil {
 		if e.VolatileCorrectable != nil {

@@ -160,7 +160,8 @@ scrape_configs:
 	})
 	query(`kiln_agent_sample_ok`, func(_ map[string]string, v string) bool { return v == "1" })
 	// The profiling readings are there: every GPU says it gives them.
-	query(`count(kiln_gpu_metric_supported{metric="tensor_activity"} == 1)`, func(_ map[string]string, v string) bool { return v == "8" })
+	query(`count(kiln_gpu_tensor_active_ratio)`, func(_ map[string]string, v string) bool { return v == "8" })
+	query(`count(kiln_gpu_metric_supported{metric="fans"} == 0)`, func(_ map[string]string, v string) bool { return v == "8" }) // an SXM board has no fan of its own
 	query(`count(rate(kiln_gpu_energy_joules_total[10s]) >= 0)`, func(_ map[string]string, v string) bool { return v == "8" })
 
 	// Every query of dashboard 12239, its variables set to every value.

@@ -458,6 +458,21 @@ type NVLink struct {
 	// RemotePCI is the remote end's PCI address, RemoteKind "gpu" or "nvswitch".
 	RemotePCI  string `json:"remote_pci,omitempty"`
 	RemoteKind string `json:"remote_kind,omitempty"`
+	// Errors are the link's error counters where the driver gives them.
+	Errors *NVLinkErrors `json:"errors,omitempty"`
+	// TxBytes and RxBytes are the data sent and received over the link
+	// since the driver loaded.
+	TxBytes *uint64 `json:"tx_bytes,omitempty"`
+	RxBytes *uint64 `json:"rx_bytes,omitempty"`
+}
+
+// NVLinkErrors are an NVLink's data-link error counters: replays and
+// recoveries of the link, and flits and data failing their CRC.
+type NVLinkErrors struct {
+	Replay   uint64 `json:"replay"`
+	Recovery uint64 `json:"recovery"`
+	CRCFlit  uint64 `json:"crc_flit"`
+	CRCData  uint64 `json:"crc_data"`
 }
 
 // Link kinds.
