@@ -152,9 +152,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.discover(ctx); err != nil {
 		return err
 	}
-	if a.cfg.Metrics.Listener != nil {
-		// The node's metrics are served while the server is unreachable
-		// too; they stop before the jobs do.
+	if a.cfg.Metrics.Listener != nil || a.cfg.Metrics.Sample != nil {
+		// The node is sampled (and its metrics served) while the server
+		// is unreachable too; sampling stops before the jobs do.
 		mctx, stopMetrics := context.WithCancel(ctx)
 		defer stopMetrics()
 		a.wg.Add(1)

@@ -23,7 +23,10 @@ import (
 	"kiln.dev/kiln/snapshot"
 )
 
-// MetricsConfig sets up the agent's Prometheus endpoint.
+// MetricsConfig sets up the agent's sampling of its node and its
+// Prometheus endpoint. The agent samples when it has a Listener or a
+// Sample: the samples feed the heartbeats' readings (the web page) and
+// what each job used of its GPUs, whether or not /metrics is served.
 type MetricsConfig struct {
 	// Listener serves /metrics; nil: the agent serves no metrics.
 	Listener net.Listener
@@ -57,21 +60,23 @@ func metricsHandler(c *prom.Collector) http.Handler {
 func (a *Agent) serveMetrics(ctx context.Context) {
 	mc := a.cfg.Metrics
 	c := prom.New()
-	srv := &http.Server{Handler: metricsHandler(c), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
-	go func() {
-		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shut)
-	}()
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		if err := srv.Serve(mc.Listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Warn("the metrics endpoint stopped", "err", err)
-		}
-	}()
+	if mc.Listener != nil {
+		srv := &http.Server{Handler: metricsHandler(c), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+			BaseContext: func(net.Listener) context.Context { return ctx }}
+		go func() {
+			<-ctx.Done()
+			shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shut)
+		}()
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			if err := srv.Serve(mc.Listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.log.Warn("the metrics endpoint stopped", "err", err)
+			}
+		}()
+	}
 	interval := mc.Interval
 	if interval <= 0 {
 		interval = 5 * time.Second
@@ -297,6 +302,10 @@ func (a *Agent) samples() []api.GPUSample {
 		}
 		seen[g.Index] = true
 		x := api.GPUSample{GPU: g.Index, Utilization: within(g.UtilizationGPU, 0, 100)}
+		if g.UtilizationGPU != nil || g.Processes > 0 {
+			// A GPU that reports its use reports its processes.
+			x.Processes = snapshot.Ptr(min(g.Processes, 4096))
+		}
 		if g.MemoryTotalBytes > 0 {
 			m := g.MemoryUsedBytes
 			x.MemoryUsedBytes = &m

@@ -550,6 +550,8 @@ type GPUSample struct {
 	MemoryUsedBytes *uint64  `json:"mem_used,omitempty"`
 	PowerW          *float64 `json:"power_w,omitempty"`
 	TemperatureC    *float64 `json:"temp_c,omitempty"`
+	// Processes is how many processes use the GPU, where the driver says.
+	Processes *int `json:"procs,omitempty"`
 }
 
 // HeartbeatReply tells the agent what to start and stop.

@@ -484,6 +484,9 @@ func checkSamples(ss []api.GPUSample) error {
 		}
 		seen[x.GPU] = true
 		// NaN fails every comparison, so it is refused too.
+		if x.Processes != nil && (*x.Processes < 0 || *x.Processes > maxGPUProcesses) {
+			return fmt.Errorf("samples: GPU %d: 0 to %d processes", x.GPU, maxGPUProcesses)
+		}
 		if !in(x.Utilization, 0, 100) || !in(x.PowerW, 0, 100000) || !in(x.TemperatureC, -273, 1000) {
 			return fmt.Errorf("samples: GPU %d: utilization 0 to 100 %%, power 0 to 100 kW, temperature -273 to 1000 °C", x.GPU)
 		}

@@ -29,8 +29,9 @@ type point struct {
 	at                       int64 // Unix seconds
 	util, power, temp        float32
 	mem                      uint64
+	procs                    int32
 	hasUtil, hasPower, hasTp bool
-	hasMem                   bool
+	hasMem, hasProcs         bool
 }
 
 type gpuHistory struct {
@@ -58,6 +59,9 @@ func pointOf(s api.GPUSample, now time.Time) point {
 	}
 	if s.MemoryUsedBytes != nil {
 		p.mem, p.hasMem = *s.MemoryUsedBytes, true
+	}
+	if s.Processes != nil {
+		p.procs, p.hasProcs = int32(*s.Processes), true
 	}
 	return p
 }

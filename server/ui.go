@@ -263,6 +263,8 @@ type (
 		// Leases are the ones holding it that the viewer may see.
 		Leases      []string `json:"leases,omitempty"`
 		Utilization *float64 `json:"utilization,omitempty"`
+		// Processes use it now, by the agent's last reading.
+		Processes *int `json:"processes,omitempty"`
 	}
 	uiProject struct {
 		Name   string  `json:"name"`
@@ -323,19 +325,27 @@ func (s *Server) nodeRow(c *caller, n api.Node, snap *snapshot.Snapshot, project
 	}
 	// The agent's last heartbeat sample, else the node's Snapshot.
 	util := map[string]*float64{}
+	procs := map[string]*int{}
 	if snap != nil {
 		latest := s.history.latest(n.ID)
 		for _, g := range snap.GPUs {
-			if p, ok := latest[g.Index]; ok && p.hasUtil {
+			p, ok := latest[g.Index]
+			if ok && p.hasUtil {
 				util[g.PCIAddress] = snapshot.Ptr(float64(p.util))
 			} else if g.UtilizationGPU != nil {
 				util[g.PCIAddress] = g.UtilizationGPU
+			}
+			if ok && p.hasProcs {
+				procs[g.PCIAddress] = snapshot.Ptr(int(p.procs))
 			}
 		}
 	}
 	for _, d := range n.Devices {
 		g := uiGPU{ID: d.ID, Index: d.Index, Model: d.Model, PCI: d.PCIAddress, NUMA: d.NUMANode, Island: d.Island, MIG: d.MIGProfile,
 			Parent: d.Parent, Drained: d.Drained, UsedMilli: d.UsedMilli, Utilization: util[d.PCIAddress]}
+		if d.Parent == "" {
+			g.Processes = procs[d.PCIAddress]
+		}
 		seen := map[string]bool{}
 		for _, id := range d.Leases {
 			p := projectOf[id]

@@ -133,6 +133,7 @@ func TestWebPageInBrowser(t *testing.T) {
 	busy := *ms["hgx"]
 	busy.GPUs = append([]snapshot.GPU(nil), busy.GPUs...)
 	busy.GPUs[0].UtilizationGPU = snapshot.Ptr(75.0)
+	busy.GPUs[0].Processes = 2
 	c.addAgent("hgx", &busy, nil, 300*time.Millisecond)
 	// A second HGX on older firmware: a finding only the fleet shows.
 	old := *ms["hgx"]
@@ -295,6 +296,9 @@ func TestWebPageInBrowser(t *testing.T) {
 	}
 	if fixes := eval(`document.querySelectorAll("#findings .finding .remedy").length`); fixes == 0 {
 		t.Errorf("no finding on the hgx node shows its fix")
+	}
+	if procs := text(`document.querySelector('table#gpus tbody tr td[data-col="procs"]').textContent`); procs != "2" {
+		t.Errorf("the node page shows %q processes on GPU 0, want its agent's 2", procs)
 	}
 	if links := eval(`document.querySelectorAll('table#gpus a[href="/ui/leases/` + first + `"]').length`); links != 2 {
 		t.Errorf("the node page links the lease from %d GPUs, want its 2", links)

@@ -436,7 +436,10 @@ type GPUSample struct {
 	Gpu     int      `json:"gpu"`
 	MemUsed *int     `json:"mem_used,omitempty"`
 	PowerW  *float32 `json:"power_w,omitempty"`
-	TempC   *float32 `json:"temp_c,omitempty"`
+
+	// Procs processes using the GPU
+	Procs *int     `json:"procs,omitempty"`
+	TempC *float32 `json:"temp_c,omitempty"`
 
 	// Util percent of the last sample period
 	Util *float32 `json:"util,omitempty"`

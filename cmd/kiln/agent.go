@@ -42,28 +42,30 @@ type metricsFlags struct {
 func (f *metricsFlags) add(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "metrics-addr", "", "serve the node's Prometheus metrics at http://ADDR/metrics (\":9402\" on every interface, \"127.0.0.1:9402\" on loopback); none when empty")
-	fl.DurationVar(&f.interval, "metrics-interval", 5*time.Second, "how often the node is sampled for its metrics (a scrape reads the last sample, never the hardware)")
+	fl.DurationVar(&f.interval, "metrics-interval", 5*time.Second, "how often the node is sampled: for its metrics (a scrape reads the last sample, never the hardware), the readings its heartbeats carry and what each job used of its GPUs")
 	fl.BoolVar(&f.dcgm, "dcgm-names", true, "also give NVIDIA GPUs' series dcgm-exporter's names, units and labels, for its Grafana dashboard and alerts")
 }
 
-// config opens the metrics listener and the node's sampler; the listener
-// is nil without --metrics-addr. close ends the sampler.
+// config opens the metrics listener (nil without --metrics-addr) and, on a
+// live node, the sampler; closeFn ends the sampler.
 func (f *metricsFlags) config(src *sourceFlags, recorded bool) (cfg agent.MetricsConfig, closeFn func(), err error) {
 	closeFn = func() {}
-	if f.addr == "" {
-		return cfg, closeFn, nil
-	}
 	if f.interval < 100*time.Millisecond {
 		return cfg, closeFn, fmt.Errorf("--metrics-interval %s: want 100ms or more", f.interval)
 	}
-	ln, err := net.Listen("tcp", f.addr)
-	if err != nil {
-		return cfg, closeFn, fmt.Errorf("--metrics-addr: %w", err)
+	cfg = agent.MetricsConfig{Interval: f.interval, DCGM: f.dcgm}
+	if f.addr != "" {
+		ln, err := net.Listen("tcp", f.addr)
+		if err != nil {
+			return cfg, closeFn, fmt.Errorf("--metrics-addr: %w", err)
+		}
+		cfg.Listener = ln
 	}
-	cfg = agent.MetricsConfig{Listener: ln, Interval: f.interval, DCGM: f.dcgm}
 	if recorded {
 		return cfg, closeFn, nil // a recorded machine's values do not change
 	}
+	// A live node is sampled with or without --metrics-addr: the samples
+	// feed the heartbeats' readings and what each job used of its GPUs.
 	if !src.noNVML {
 		if smp, err := discover.OpenNVMLSampler(src.nvmlLib); err == nil {
 			cfg.Sample = func(ctx context.Context, base *snapshot.Snapshot) (*snapshot.Snapshot, error) {
@@ -78,7 +80,11 @@ func (f *metricsFlags) config(src *sourceFlags, recorded bool) (cfg agent.Metric
 			slog.Warn("NVML does not answer: the node's metrics come from full discoveries", "err", err)
 		}
 	}
-	// No NVML (AMD GPUs, or none): each sample is a whole discovery.
+	// No NVML (AMD GPUs, or none): each sample is a whole discovery, done
+	// only for a node that serves its metrics.
+	if cfg.Listener == nil {
+		return cfg, closeFn, nil
+	}
 	cfg.Sample = func(ctx context.Context, _ *snapshot.Snapshot) (*snapshot.Snapshot, error) { return src.load(ctx, nil) }
 	return cfg, closeFn, nil
 }

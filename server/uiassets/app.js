@@ -310,7 +310,8 @@ async function node(id) {
       el("td", { text: g.model || "" }),
       el("td", { text: g.pci || "" }), el("td", { text: g.numa ?? "" }),
       el("td", {}, ...heldBy(g)),
-      el("td", { class: "num", text: g.utilization === undefined || g.utilization === null ? "unknown" : `${g.utilization}%` })));
+      el("td", { class: "num", text: g.utilization === undefined || g.utilization === null ? "unknown" : `${g.utilization}%` }),
+      el("td", { class: "num", "data-col": "procs", text: g.processes === undefined || g.processes === null ? "" : g.processes })));
   }
   const finds = el("div", { id: "findings" });
   for (const f of n.finding_list || []) {
@@ -324,7 +325,7 @@ async function node(id) {
     el("p", { class: "muted", text: `${n.state}${n.recorded ? ", recorded machine" : ""}; driver ${n.driver || "unknown"}, CUDA ${n.cuda || "unknown"}; last seen ${ago(n.last_seen)}` }),
     topology(n),
     el("h2", { text: "GPUs" }),
-    el("table", { id: "gpus" }, el("thead", {}, el("tr", {}, ...["GPU", "Model", "PCI", "NUMA", "Held by", "Utilisation"].map(h => el("th", { text: h })))), rows),
+    el("table", { id: "gpus" }, el("thead", {}, el("tr", {}, ...["GPU", "Model", "PCI", "NUMA", "Held by", "Utilisation", "Processes"].map(h => el("th", { text: h })))), rows),
     el("h2", { text: "Findings" }), finds);
 }
 
