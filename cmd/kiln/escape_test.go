@@ -66,9 +66,14 @@ func TestTextOutputEscapesControlCharacters(t *testing.T) {
 	writeGrantLine(&b, &granted)
 	checkEscaped(t, "kiln run's grant line", b.String())
 	b.Reset()
-	exitErr := jobExit(&api.Job{ID: "j-1", State: api.JobFailed, Reason: evil}, &b)
+	sm := 61.5
+	exitErr := jobExit(&api.Job{ID: "j-1", State: api.JobFailed, Reason: evil,
+		Tasks: []api.Task{{Node: evil, GPU: &api.GPUUse{PeakMemoryBytes: 12 << 30, MeanSMPercent: &sm, Samples: 30, SampleSeconds: 5}}}}, &b)
 	if exitErr == nil {
 		t.Error("a failed job exits 0")
+	}
+	if !strings.Contains(b.String(), "used at most 12 GiB of GPU memory, mean SM use 62% (30 samples, every 5s)") {
+		t.Errorf("kiln run's GPU use line: %q", b.String())
 	}
 	checkEscaped(t, "kiln run's job line", b.String())
 	b.Reset()

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/units"
 )
 
 func init() { addCommand(newRunCmd) }
@@ -269,6 +270,7 @@ func waitJob(ctx context.Context, c *api.Client, id string) (*api.Job, error) {
 }
 
 func jobExit(j *api.Job, stderr io.Writer) error {
+	writeGPUUse(stderr, j)
 	if j.State != api.JobExited {
 		fmt.Fprintf(stderr, "kiln: job %s %s: %s\n", printable(j.ID), printable(j.State), printable(j.Reason))
 		return &exitError{code: 2}
@@ -285,4 +287,21 @@ func jobExit(j *api.Job, stderr io.Writer) error {
 		return &exitError{code: 2}
 	}
 	return nil
+}
+
+// writeGPUUse says what a job's tasks used of their GPUs, where their
+// agents measured it.
+func writeGPUUse(w io.Writer, j *api.Job) {
+	for _, t := range j.Tasks {
+		u := t.GPU
+		if u == nil || u.Samples == 0 {
+			continue
+		}
+		sm := "no SM figure (the driver samples no process on MIG)"
+		if u.MeanSMPercent != nil {
+			sm = fmt.Sprintf("mean SM use %.0f%%", *u.MeanSMPercent)
+		}
+		fmt.Fprintf(w, "kiln: job %s on %s used at most %s of GPU memory, %s (%d samples, every %gs)\n",
+			printable(j.ID), printable(t.Node), units.Bytes(u.PeakMemoryBytes), sm, u.Samples, u.SampleSeconds)
+	}
 }
