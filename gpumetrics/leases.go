@@ -76,8 +76,12 @@ func Attribute(s *snapshot.Snapshot, leases []Lease, cgroups map[int]string) ([]
 			}
 			u.Processes++
 			if p.MemoryBytes != nil {
-				u.MemoryBytes += *p.MemoryBytes
-				leased += *p.MemoryBytes
+				m := *p.MemoryBytes
+				if g.MemoryTotalBytes > 0 {
+					m = min(m, g.MemoryTotalBytes) // no process holds more than the GPU
+				}
+				u.MemoryBytes = addSat(u.MemoryBytes, m)
+				leased = addSat(leased, m)
 			}
 			if p.SMPercent != nil {
 				v := *p.SMPercent
@@ -121,6 +125,14 @@ func Attribute(s *snapshot.Snapshot, leases []Lease, cgroups map[int]string) ([]
 		return a.Instance < b.Instance
 	})
 	return uses, rests
+}
+
+// addSat adds without wrapping around.
+func addSat(a, b uint64) uint64 {
+	if a+b < a {
+		return ^uint64(0)
+	}
+	return a + b
 }
 
 // leaseOf is the lease whose job cgroup holds path (the deepest match), or

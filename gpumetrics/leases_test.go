@@ -161,3 +161,43 @@ func TestLeaseSeriesNotOnDevices(t *testing.T) {
 		}
 	}
 }
+
+// FuzzAttribute holds the attribution's invariants on any processes and
+// cgroup paths: leases and the rest add up to what the GPU has in use (at
+// most its size), no lease holds more than the GPU, and every process is
+// counted once.
+func FuzzAttribute(f *testing.F) {
+	f.Add(uint64(80*gib), uint64(20*gib), "/kiln/job-j1", "/kiln/job-j1/x", uint64(4*gib), uint64(30*gib), true)
+	f.Add(uint64(8*gib), uint64(9*gib), "/", "/kiln/job-j10", uint64(9*gib), uint64(0), false)
+	f.Add(uint64(0), uint64(0), "", "", uint64(1), uint64(1), true)
+	f.Add(uint64(80*gib), uint64(80*gib), "/kiln/job-j1", "/kiln/job-j1", ^uint64(0), ^uint64(0)-5, false) // sums that would wrap
+	f.Fuzz(func(t *testing.T, total, used uint64, lease, proc string, m1, m2 uint64, mig bool) {
+		p1 := snapshot.GPUProcess{PID: 1, MemoryBytes: &m1}
+		p2 := snapshot.GPUProcess{PID: 2, MemoryBytes: &m2}
+		if mig {
+			p2 = onMIG(p2, 1, 0)
+		}
+		s := &snapshot.Snapshot{GPUs: []snapshot.GPU{{MemoryTotalBytes: total, MemoryUsedBytes: used, ProcessList: []snapshot.GPUProcess{p1, p2}}}}
+		uses, rests := Attribute(s, []Lease{{ID: "l", Cgroups: []string{lease}}}, map[int]string{1: proc, 2: lease})
+		var sum uint64
+		procs := 0
+		for _, u := range uses {
+			sum += u.MemoryBytes
+			procs += u.Processes
+			if total > 0 && u.MemoryBytes > total {
+				t.Fatalf("a lease holds %d bytes of a %d-byte GPU", u.MemoryBytes, total)
+			}
+		}
+		if len(rests) != 1 {
+			t.Fatalf("rests %+v", rests)
+		}
+		if procs+rests[0].Processes != 2 {
+			t.Fatalf("%d processes counted, want 2", procs+rests[0].Processes)
+		}
+		if total > 0 {
+			if want := min(used, total); sum+rests[0].MemoryBytes != want {
+				t.Fatalf("leases %d + rest %d != used %d", sum, rests[0].MemoryBytes, want)
+			}
+		}
+	})
+}

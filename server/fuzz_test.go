@@ -70,15 +70,34 @@ func FuzzParseAgentMessages(f *testing.F) {
 		`{"snapshot":{"schema_version":1,"gpus":[{"index":0,"vendor":"nvidia","mig":{"enabled":true,"instances":[{"gi":1,"ci":0}]}}]}}`,
 		string(snap), `{"devices":["gpu0"],"reason":"fan","undrain":false}`,
 		`{"name":"vision","weight":3,"max_gpus":8}`, `{"name":"vision","held_gpus":8,"used_gpu_hours":1,"queued_leases":3}`, `{"user":"ana","role":"member","projects":["vision"]}`,
+		`{"running":[],"samples":[{"gpu":0,"util":42.5,"mem_used":1073741824,"power_w":310,"temp_c":51,"procs":2},{"gpu":1}]}`,
+		`{"running":[],"samples":[{"gpu":0,"util":101}]}`, `{"running":[],"samples":[{"gpu":3},{"gpu":3}]}`,
+		`{"code":0,"reason":"exited","gpu":{"peak_memory_bytes":1073741824,"mean_sm_percent":61.5,"samples":12,"sample_s":5}}`,
+		`{"code":0,"reason":"x","gpu":{"peak_memory_bytes":1,"mean_sm_percent":-1,"samples":1,"sample_s":5}}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if h, err := parseHeartbeat(b); err == nil && (h.WaitMS < 0 || len(h.Running) > 100000) {
-			t.Fatalf("heartbeat %+v accepted", h)
+		if h, err := parseHeartbeat(b); err == nil {
+			if h.WaitMS < 0 || len(h.Running) > 100000 || len(h.Samples) > maxNodeGPUs {
+				t.Fatalf("heartbeat %+v accepted", h)
+			}
+			seen := map[int]bool{}
+			for _, x := range h.Samples {
+				if x.GPU < 0 || x.GPU >= maxNodeGPUs || seen[x.GPU] || (x.Utilization != nil && !(*x.Utilization >= 0 && *x.Utilization <= 100)) ||
+					(x.PowerW != nil && !(*x.PowerW >= 0)) || (x.Processes != nil && *x.Processes < 0) {
+					t.Fatalf("heartbeat sample %+v accepted", x)
+				}
+				seen[x.GPU] = true
+			}
 		}
-		if e, err := parseExit(b); err == nil && len(e.Reason) > 4096 {
-			t.Fatal("long exit reason accepted")
+		if e, err := parseExit(b); err == nil {
+			if len(e.Reason) > 4096 {
+				t.Fatal("long exit reason accepted")
+			}
+			if u := e.GPU; u != nil && (u.Samples < 0 || !(u.SampleSeconds >= 0) || (u.MeanSMPercent != nil && !(*u.MeanSMPercent >= 0))) {
+				t.Fatalf("GPU use %+v accepted", u)
+			}
 		}
 		if j, err := parseJoin(b); err == nil && (!nameRE.MatchString(j.Node) || j.Token == "") {
 			t.Fatalf("join %+v accepted", j)
