@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/gpumetrics"
 	"kiln.dev/kiln/gpumetrics/prom"
 	"kiln.dev/kiln/snapshot"
@@ -252,26 +250,12 @@ func processCgroups(proc string, s *snapshot.Snapshot) map[int]string {
 			if _, done := out[p.PID]; done || p.PID <= 0 {
 				continue
 			}
-			if c := readCgroup(proc, p.PID); c != "" {
+			if c := process.CgroupOf(proc, p.PID); c != "" {
 				out[p.PID] = c
 			}
 		}
 	}
 	return out
-}
-
-// readCgroup is a process's cgroup v2 path ("0::/kiln/job-j1"), or "".
-func readCgroup(proc string, pid int) string {
-	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
-	if err != nil || len(b) > 64<<10 {
-		return ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "0::"); ok {
-			return strings.TrimSpace(rest)
-		}
-	}
-	return ""
 }
 
 // samples are the GPUs' last readings for a heartbeat: the last metrics

@@ -14,6 +14,7 @@ import (
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/executor"
+	"kiln.dev/kiln/executor/process"
 	"kiln.dev/kiln/gpumetrics"
 	"kiln.dev/kiln/gpumetrics/prom"
 	"kiln.dev/kiln/snapshot"
@@ -83,11 +84,11 @@ func TestReadCgroup(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), "0::") {
 		t.Skip("no cgroup v2 here")
 	}
-	got := readCgroup("/proc", os.Getpid())
+	got := process.CgroupOf("/proc", os.Getpid())
 	if !strings.HasPrefix(got, "/") {
-		t.Errorf("readCgroup(self) = %q, want a path", got)
+		t.Errorf("CgroupOf(self) = %q, want a path", got)
 	}
-	if readCgroup("/proc", 1<<30) != "" {
+	if process.CgroupOf("/proc", 1<<30) != "" {
 		t.Error("a process that does not exist has a cgroup")
 	}
 }

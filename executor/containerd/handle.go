@@ -7,8 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -55,17 +53,8 @@ func (h *handle) Cgroup() string {
 
 // cgroupDir is the cgroup v2 directory of a process, or "".
 func cgroupDir(proc string, pid int) string {
-	if pid <= 0 {
-		return ""
-	}
-	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
-	if err != nil || len(b) > 64<<10 {
-		return ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "0::"); ok && strings.HasPrefix(rest, "/") {
-			return filepath.Join("/sys/fs/cgroup", strings.TrimSpace(rest))
-		}
+	if c := process.CgroupOf(proc, pid); c != "" {
+		return filepath.Join("/sys/fs/cgroup", c)
 	}
 	return ""
 }
