@@ -85,8 +85,11 @@ type Agent struct {
 	snap     *snapshot.Snapshot
 	sampled  *snapshot.Snapshot // the last metrics sample (nil without metrics)
 	use      map[string]*jobUse // what running jobs used in the samples so far
-	finds    []api.Finding
-	wg       sync.WaitGroup
+	// unknownFields are the fields an older server refused; they are left
+	// out of what the agent sends from then on.
+	unknownFields map[string]bool
+	finds         []api.Finding
+	wg            sync.WaitGroup
 }
 
 type job struct {
@@ -380,14 +383,47 @@ func (a *Agent) register(ctx context.Context) error {
 }
 
 func (a *Agent) beat(ctx context.Context) (api.HeartbeatReply, error) {
-	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond), Open: a.openPorts(ctx), Chosen: a.chosen(), Samples: a.samples()}
+	hb := api.Heartbeat{Running: a.running(), WaitMS: int(a.cfg.Heartbeat / time.Millisecond), Open: a.openPorts(ctx), Chosen: a.chosen()}
+	if !a.olderServer("samples") {
+		hb.Samples = a.samples()
+	}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat+10*time.Second)
 	defer cancel()
 	reply, err := a.client.Heartbeat(rctx, a.node, hb)
+	if err != nil && hb.Samples != nil && a.refusesField(err, "samples") {
+		hb.Samples = nil
+		reply, err = a.client.Heartbeat(rctx, a.node, hb)
+	}
 	if err != nil {
 		return api.HeartbeatReply{}, err
 	}
 	return *reply, nil
+}
+
+// refusesField reports whether err is a server's refusal of a field it
+// does not know (a server older than the agent), and then remembers to
+// leave the field out from now on.
+func (a *Agent) refusesField(err error, field string) bool {
+	if api.StatusOf(err) != 400 || !strings.Contains(err.Error(), `unknown field "`+field+`"`) {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.unknownFields == nil {
+		a.unknownFields = map[string]bool{}
+	}
+	if !a.unknownFields[field] {
+		a.log.Warn("the server is older than this agent and takes no "+field+": upgrade the server to have them", "field", field)
+	}
+	a.unknownFields[field] = true
+	return true
+}
+
+// olderServer reports whether the server refused field before.
+func (a *Agent) olderServer(field string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unknownFields[field]
 }
 
 // chosen is, for the jobs whose devices the cluster's scheduler was to
@@ -628,7 +664,15 @@ func (a *Agent) finish(ctx context.Context, id string, rep api.ExitReport) {
 	backoff := 100 * time.Millisecond
 	for {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		if a.olderServer("gpu") {
+			rep.GPU = nil
+		}
 		_, err := a.client.JobExit(rctx, a.node, id, rep)
+		if err != nil && rep.GPU != nil && a.refusesField(err, "gpu") {
+			// An older server: the job's end matters, its GPU use does not.
+			rep.GPU = nil
+			_, err = a.client.JobExit(rctx, a.node, id, rep)
+		}
 		cancel()
 		if err == nil || (api.StatusOf(err) >= 400 && api.StatusOf(err) < 500) {
 			break

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -139,5 +140,31 @@ func TestJobUse(t *testing.T) {
 	}
 	if a.takeUse("j1") != nil || a.takeUse("never") != nil {
 		t.Error("a job's use is given once, and none for a job no sample saw")
+	}
+}
+
+// TestOlderServer: a server older than the agent refuses the fields it does
+// not know; the agent leaves such a field out from then on, and takes no
+// other refusal for that.
+func TestOlderServer(t *testing.T) {
+	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	old := &api.Error{Status: 400, Message: `request body: json: unknown field "samples"`}
+	if !a.refusesField(old, "samples") || !a.olderServer("samples") {
+		t.Error("an older server's refusal of samples was not taken as such")
+	}
+	if a.olderServer("gpu") {
+		t.Error("a field the server did not refuse is left out")
+	}
+	for _, err := range []error{
+		&api.Error{Status: 400, Message: `samples: GPU index 3 out of range or twice`},
+		&api.Error{Status: 500, Message: `unknown field "gpu"`},
+		errors.New(`unknown field "gpu"`),
+	} {
+		if a.refusesField(err, "gpu") {
+			t.Errorf("%v taken for an older server", err)
+		}
+	}
+	if a.olderServer("gpu") {
+		t.Error("gpu left out after refusals of other kinds")
 	}
 }
