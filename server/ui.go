@@ -42,6 +42,9 @@ const (
 		"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 
+// uiAssets are the files under /ui/ that are not the page itself.
+var uiAssets = map[string]bool{"app.js": true, "app.css": true}
+
 type uiSession struct {
 	token   string
 	expires time.Time
@@ -167,13 +170,11 @@ func (s *Server) uiHandler() http.Handler {
 			return
 		}
 		// Every page is the one document; the script draws the page its
-		// address names (/ui/, /ui/nodes/NAME, /ui/queue).
-		p := r.PathValue("path")
-		if p == "" || !strings.Contains(p, ".") {
-			r = r.Clone(r.Context())
-			r.URL.Path = "/"
-		} else {
-			r = r.Clone(r.Context())
+		// address names (/ui/, /ui/nodes/NAME, /ui/queue). Node names may
+		// hold dots: only the assets' own names are files.
+		r = r.Clone(r.Context())
+		r.URL.Path = "/"
+		if p := r.PathValue("path"); uiAssets[p] {
 			r.URL.Path = "/" + p
 		}
 		files.ServeHTTP(w, r)

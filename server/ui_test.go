@@ -49,6 +49,10 @@ func TestWebPageSignIn(t *testing.T) {
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "script-src 'self'") {
 		t.Errorf("the page's content security policy is %q", csp)
 	}
+	// A node page's address may hold dots (node names do): it is the page.
+	if resp, err := hc.Get(c.url + "/ui/nodes/gpu-node.lab-1"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("a node page with a dot in its name: %v %v, want the page", err, status(resp))
+	}
 	base := c.url + "/ui/api/fleet"
 	if resp, err := hc.Get(base); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("the page's data with the session: %v %v", err, status(resp))
