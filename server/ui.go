@@ -42,6 +42,10 @@ const (
 		"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 
+// recentPoints is how much of each GPU's history the node page draws
+// beside it: a quarter of an hour.
+const recentPoints = int(15 * time.Minute / historyStep)
+
 // uiAssets are the files under /ui/ that are not the page itself.
 var uiAssets = map[string]bool{"app.js": true, "app.css": true}
 
@@ -298,6 +302,9 @@ type (
 		NUMA     []int         `json:"numa"`
 		Switches []string      `json:"switches"`
 		Findings []api.Finding `json:"finding_list"`
+		// Recent is each GPU's utilisation over the last quarter hour
+		// (by index; one value per history point), for the GPU table.
+		Recent map[int][]float64 `json:"recent"`
 	}
 	uiLink struct {
 		A, B      string
@@ -466,7 +473,25 @@ func (s *Server) uiNode(w http.ResponseWriter, r *http.Request, c *caller) {
 		projectOf[l.ID] = l.Project
 	}
 	v := uiNodeView{uiNodeRow: s.nodeRow(c, n, snap, projectOf), Driver: n.Driver, CUDA: n.CUDA, Findings: n.Findings,
-		Links: []uiLink{}, NICs: []uiNIC{}, NUMA: []int{}, Switches: []string{}}
+		Links: []uiLink{}, NICs: []uiNIC{}, NUMA: []int{}, Switches: []string{}, Recent: map[int][]float64{}}
+	for _, d := range n.Devices {
+		if d.Parent != "" {
+			continue
+		}
+		pts := s.history.series(id, d.Index)
+		if len(pts) > recentPoints {
+			pts = pts[len(pts)-recentPoints:]
+		}
+		var us []float64
+		for _, p := range pts {
+			if p.hasUtil {
+				us = append(us, float64(p.util))
+			}
+		}
+		if len(us) > 0 {
+			v.Recent[d.Index] = us
+		}
+	}
 	if snap != nil {
 		numa := map[int]bool{}
 		for _, nd := range snap.Host.NUMANodes {

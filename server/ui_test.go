@@ -301,6 +301,9 @@ func TestWebPageInBrowser(t *testing.T) {
 	if fixes := eval(`document.querySelectorAll("#findings .finding .remedy").length`); fixes == 0 {
 		t.Errorf("no finding on the hgx node shows its fix")
 	}
+	if n := eval(`document.querySelectorAll('table#gpus svg.spark polyline.series').length`); n != 8 {
+		t.Errorf("the node page draws %d recent-utilisation lines, want one per GPU (8)", n)
+	}
 	if procs := text(`document.querySelector('table#gpus tbody tr td[data-col="procs"]').textContent`); procs != "2" {
 		t.Errorf("the node page shows %q processes on GPU 0, want its agent's 2", procs)
 	}

@@ -248,13 +248,26 @@ function topology(n) {
     const a = byPCI.get(end);
     if (!a || !n.switches.length) continue;
     const top = switchY + 30;
-    s.append(sv("line", { x1: a.x - 6, y1: a.y, x2: a.x - 6, y2: top, class: l.kind }));
+    // Under the boxes: a line from the lower row passes behind the upper.
+    s.insertBefore(sv("line", { x1: a.x - 6, y1: a.y, x2: a.x - 6, y2: top, class: l.kind }), s.firstChild);
     if (!labelled) {
       // Every GPU's link into the fabric is alike: one label says it.
       s.append(sv("text", { x: gap, y: top + 16, class: "link-label" }, "each GPU: " + l.label));
       labelled = true;
     }
   }
+  return s;
+}
+
+// sparkline draws a GPU's recent utilisation (0 to 100) as a small line.
+function sparkline(vals) {
+  const W = 120, H = 22;
+  const s = sv("svg", { class: "spark", width: W, height: H, viewBox: `0 0 ${W} ${H}` });
+  if (!vals || !vals.length) return s;
+  const n = Math.max(vals.length - 1, 1);
+  const pts = vals.map((v, i) => `${(i / n) * (W - 4) + 2},${H - 2 - Math.min(100, Math.max(0, v)) / 100 * (H - 4)}`);
+  if (pts.length === 1) pts.push(`${W - 2},${pts[0].split(",")[1]}`);
+  s.append(sv("polyline", { points: pts.join(" "), class: "series" }));
   return s;
 }
 
@@ -311,7 +324,8 @@ async function node(id) {
       el("td", { text: g.pci || "" }), el("td", { text: g.numa ?? "" }),
       el("td", {}, ...heldBy(g)),
       el("td", { class: "num", text: g.utilization === undefined || g.utilization === null ? "unknown" : `${g.utilization}%` }),
-      el("td", { class: "num", "data-col": "procs", text: g.processes === undefined || g.processes === null ? "" : g.processes })));
+      el("td", { class: "num", "data-col": "procs", text: g.processes === undefined || g.processes === null ? "" : g.processes }),
+      el("td", {}, sparkline((n.recent || {})[g.index]))));
   }
   const finds = el("div", { id: "findings" });
   for (const f of n.finding_list || []) {
@@ -325,7 +339,7 @@ async function node(id) {
     el("p", { class: "muted", text: `${n.state}${n.recorded ? ", recorded machine" : ""}; driver ${n.driver || "unknown"}, CUDA ${n.cuda || "unknown"}; last seen ${ago(n.last_seen)}` }),
     topology(n),
     el("h2", { text: "GPUs" }),
-    el("table", { id: "gpus" }, el("thead", {}, el("tr", {}, ...["GPU", "Model", "PCI", "NUMA", "Held by", "Utilisation", "Processes"].map(h => el("th", { text: h })))), rows),
+    el("table", { id: "gpus" }, el("thead", {}, el("tr", {}, ...["GPU", "Model", "PCI", "NUMA", "Held by", "Utilisation", "Processes", "Last 15 min"].map(h => el("th", { text: h })))), rows),
     el("h2", { text: "Findings" }), finds);
 }
 
