@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -41,15 +42,30 @@ type MetricsConfig struct {
 	// Proc is where the processes' cgroups are read (/proc when empty):
 	// PID/cgroup for each process a GPU lists.
 	Proc string
+	// Token, when set, is the bearer token a scrape must send. The
+	// per-lease series name the node's leases, projects and users: a
+	// job on the node reaches the agent's port too.
+	Token string
 }
 
 // metricsHandler serves the collector's metrics, on a registry of their
-// own.
-func metricsHandler(c *prom.Collector) http.Handler {
+// own; with a token, only to a scrape that sends it.
+func metricsHandler(c *prom.Collector, token string) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if token != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="kiln agent metrics"`)
+				http.Error(w, "this node's metrics need its bearer token (kiln agent --metrics-token-file)", http.StatusUnauthorized)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 	return mux
 }
 
@@ -57,9 +73,10 @@ func metricsHandler(c *prom.Collector) http.Handler {
 // ctx ends.
 func (a *Agent) serveMetrics(ctx context.Context) {
 	mc := a.cfg.Metrics
-	c := prom.New()
+	var c *prom.Collector
 	if mc.Listener != nil {
-		srv := &http.Server{Handler: metricsHandler(c), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+		c = prom.New()
+		srv := &http.Server{Handler: metricsHandler(c, mc.Token), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
 			BaseContext: func(net.Listener) context.Context { return ctx }}
 		go func() {
 			<-ctx.Done()
@@ -87,7 +104,9 @@ func (a *Agent) serveMetrics(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			c.Failed()
+			if c != nil {
+				c.Failed()
+			}
 			if !failing {
 				a.log.Warn("sampling the node for metrics failed; the series keep the last sample", "err", err)
 			}
@@ -103,7 +122,8 @@ func (a *Agent) serveMetrics(ctx context.Context) {
 	}
 }
 
-// sampleOnce takes one sample into c.
+// sampleOnce takes one sample: for the heartbeats, the jobs' GPU use and,
+// when c is set (the node serves its metrics), into c.
 func (a *Agent) sampleOnce(ctx context.Context, c *prom.Collector) error {
 	a.mu.Lock()
 	base, finds := a.snap, a.finds
@@ -129,6 +149,9 @@ func (a *Agent) sampleOnce(ctx context.Context, c *prom.Collector) error {
 		// Each job's own share, for what it used at its end.
 		uses, _ := gpumetrics.Attribute(s, jobs, in.Cgroups)
 		a.accumulate(jobs, uses)
+	}
+	if c == nil {
+		return nil // nobody scrapes: the families would be made for nothing
 	}
 	return c.Set(gpumetrics.Families(in, gpumetrics.Options{DCGM: a.cfg.Metrics.DCGM}), start, time.Since(start))
 }

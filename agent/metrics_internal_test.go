@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -166,5 +167,34 @@ func TestOlderServer(t *testing.T) {
 	}
 	if a.olderServer("gpu") {
 		t.Error("gpu left out after refusals of other kinds")
+	}
+}
+
+// TestMetricsToken: with a token, a scrape without it, or with another,
+// gets nothing; with it, the series.
+func TestMetricsToken(t *testing.T) {
+	c := prom.New()
+	if err := c.Set(nil, time.Now(), 0); err != nil {
+		t.Fatal(err)
+	}
+	h := metricsHandler(c, "s3cret-token-0123456789")
+	for _, tc := range []struct {
+		auth string
+		want int
+	}{{"", 401}, {"Bearer wrong-token-0123456789", 401}, {"Basic czNjcmV0", 401}, {"Bearer s3cret-token-0123456789", 200}} {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != tc.want || (tc.want == 401 && strings.Contains(w.Body.String(), "kiln_agent_samples_total")) {
+			t.Errorf("Authorization %q: %d %q, want %d", tc.auth, w.Code, w.Body.String(), tc.want)
+		}
+	}
+	w := httptest.NewRecorder()
+	metricsHandler(c, "").ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if w.Code != 200 || !strings.Contains(w.Body.String(), "kiln_agent_samples_total") {
+		t.Errorf("without a token the endpoint is open: %d", w.Code)
 	}
 }

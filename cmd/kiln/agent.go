@@ -34,15 +34,17 @@ type agentFlags struct {
 
 // metricsFlags are the agent's Prometheus endpoint's flags.
 type metricsFlags struct {
-	addr     string
-	interval time.Duration
-	dcgm     bool
+	addr      string
+	interval  time.Duration
+	dcgm      bool
+	tokenFile string
 }
 
 func (f *metricsFlags) add(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "metrics-addr", "", "serve the node's Prometheus metrics at http://ADDR/metrics (\":9402\" on every interface, \"127.0.0.1:9402\" on loopback); none when empty")
 	fl.DurationVar(&f.interval, "metrics-interval", 5*time.Second, "how often the node is sampled: for its metrics (a scrape reads the last sample, never the hardware), the readings its heartbeats carry and what each job used of its GPUs")
+	fl.StringVar(&f.tokenFile, "metrics-token-file", "", "a file holding the bearer token a scrape of /metrics must send (Prometheus: authorization.credentials_file); without it, whoever reaches the port, jobs on this node included, reads the names of its leases, projects and users")
 	fl.BoolVar(&f.dcgm, "dcgm-names", true, "also give NVIDIA GPUs' series dcgm-exporter's names, units and labels, for its Grafana dashboard and alerts")
 }
 
@@ -54,6 +56,18 @@ func (f *metricsFlags) config(src *sourceFlags, recorded bool) (cfg agent.Metric
 		return cfg, closeFn, fmt.Errorf("--metrics-interval %s: want 100ms or more", f.interval)
 	}
 	cfg = agent.MetricsConfig{Interval: f.interval, DCGM: f.dcgm}
+	if f.tokenFile != "" {
+		if f.addr == "" {
+			return cfg, closeFn, errors.New("--metrics-token-file: without --metrics-addr there is no /metrics to guard")
+		}
+		b, err := os.ReadFile(f.tokenFile)
+		if err != nil {
+			return cfg, closeFn, fmt.Errorf("--metrics-token-file: %w", err)
+		}
+		if cfg.Token = strings.TrimSpace(string(b)); len(cfg.Token) < 16 || strings.ContainsAny(cfg.Token, " \t\r\n") {
+			return cfg, closeFn, fmt.Errorf("--metrics-token-file %s: want one token of 16 characters or more, without spaces", f.tokenFile)
+		}
+	}
 	if f.addr != "" {
 		ln, err := net.Listen("tcp", f.addr)
 		if err != nil {
