@@ -309,8 +309,8 @@ func (a *Agent) samples() []api.GPUSample {
 		}
 		seen[g.Index] = true
 		x := api.GPUSample{GPU: g.Index, Utilization: within(g.UtilizationGPU, 0, 100)}
-		if g.UtilizationGPU != nil || g.Processes > 0 {
-			// A GPU that reports its use reports its processes.
+		if g.ProcessesRead || g.Processes > 0 {
+			// Zero is a reading only where the processes were listed.
 			x.Processes = snapshot.Ptr(min(g.Processes, 4096))
 		}
 		if g.MemoryTotalBytes > 0 {

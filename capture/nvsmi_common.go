@@ -263,6 +263,7 @@ type nvRaw struct {
 	migDevices                              []nvMIG
 	fabricState, fabricStatus               nvVal
 	processes                               int
+	processesRead                           bool // the Processes section was there, "None" included
 }
 
 type nvReason struct {
@@ -385,7 +386,7 @@ func (r *nvRaw) build(index int, notes *nvsmiNotes) (snapshot.GPU, error) {
 	g.Throttle = r.buildThrottle(notes)
 	g.PCIe = r.buildPCIe(notes)
 	g.MIG = r.buildMIG(notes)
-	g.Processes = r.processes
+	g.Processes, g.ProcessesRead = r.processes, r.processesRead
 	return g, nil
 }
 

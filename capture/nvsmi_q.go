@@ -363,6 +363,9 @@ func nvsmiQRaw(g *nvsmiNode, addr string) *nvRaw {
 	r.fabricState = g.v("fabric", "state")
 	r.fabricStatus = g.v("fabric", "status")
 
+	if p := g.at("processes"); p != nil && (p.val == "None" || len(p.kids) > 0) {
+		r.processesRead = true // "N/A" or an error says nothing
+	}
 	g.at("processes").walk(func(n *nvsmiNode) {
 		if n.lkey == "process id" {
 			r.processes++

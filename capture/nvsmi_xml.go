@@ -133,7 +133,12 @@ type nvsmiXGPU struct {
 		State  nvsmiXText `xml:"state"`
 		Status nvsmiXText `xml:"status"`
 	} `xml:"fabric"`
-	Processes []struct{} `xml:"processes>process_info"`
+	// Processes is nil when the section is missing; its text is "N/A"
+	// (or an error) where the tool could not list them.
+	Processes *struct {
+		Text string     `xml:",chardata"`
+		Info []struct{} `xml:"process_info"`
+	} `xml:"processes"`
 }
 
 type nvsmiXMIG struct {
@@ -384,7 +389,11 @@ func nvsmiXMLRaw(x *nvsmiXGPU) *nvRaw {
 	}
 	r.fabricState = x.Fabric.State.val("fabric/state")
 	r.fabricStatus = x.Fabric.Status.val("fabric/status")
-	r.processes = len(x.Processes)
+	if p := x.Processes; p != nil {
+		r.processes = len(p.Info)
+		t := strings.TrimSpace(p.Text)
+		r.processesRead = len(p.Info) > 0 || t == "" || t == "None"
+	}
 	return r
 }
 

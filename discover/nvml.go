@@ -409,6 +409,7 @@ func readProcesses(dev nvmlDevice, d *NVMLDevice, c *collector) {
 	if !c.ok("nvmlDeviceGetComputeRunningProcesses", err) {
 		return
 	}
+	d.ProcessesListed = true
 	sm := map[uint32]nvmlProcessUtil{}
 	if len(ps) > 0 {
 		since := uint64(time.Now().Add(-processSampleWindow).UnixMicro())

@@ -109,8 +109,10 @@ type NVMLDevice struct {
 	Fabric   *NVMLFabric `json:"fabric,omitempty"`
 	NUMANode *int        `json:"numa_node,omitempty"`
 
-	// Processes are the compute and graphics processes on the GPU.
-	Processes []NVMLProcess `json:"processes,omitempty"`
+	// Processes are the compute and graphics processes on the GPU;
+	// ProcessesListed says NVML listed them (none is then a reading).
+	Processes       []NVMLProcess `json:"processes,omitempty"`
+	ProcessesListed bool          `json:"processes_listed,omitempty"`
 
 	// Failures are calls that failed for a reason other than "not
 	// supported" ("nvmlDeviceGetSerial: Insufficient Permissions").
@@ -382,6 +384,7 @@ func (d *NVMLDevice) gpu() snapshot.GPU {
 	if d.NUMANode != nil && *d.NUMANode >= 0 {
 		g.NUMANode = snapshot.Ptr(*d.NUMANode)
 	}
+	g.ProcessesRead = d.ProcessesListed
 	if len(d.Processes) > 0 {
 		g.Processes = len(d.Processes)
 		for _, p := range d.Processes {

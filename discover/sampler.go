@@ -167,7 +167,7 @@ func Resample(base *snapshot.Snapshot, r *NVMLReadings) *snapshot.Snapshot {
 		}
 		g.Power, g.Clocks, g.Temperature, g.Fans = f.Power, f.Clocks, f.Temperature, f.Fans
 		g.PerformanceState, g.UtilizationGPU, g.Processes, g.ProcessList = f.PerformanceState, f.UtilizationGPU, f.Processes, f.ProcessList
-		g.Activity = f.Activity
+		g.Activity, g.ProcessesRead = f.Activity, f.ProcessesRead
 		g.ECC, g.RetiredPages, g.RemappedRows, g.Throttle = f.ECC, f.RetiredPages, f.RemappedRows, f.Throttle
 		// The link's rated and host-side figures come from sysfs and stay.
 		if f.PCIe != nil && g.PCIe != nil {

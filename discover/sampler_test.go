@@ -183,3 +183,23 @@ func TestNVLinkCounters(t *testing.T) {
 		t.Errorf("link 3 traffic %v %v, want 3000 and 6000 KiB in bytes", l3.TxBytes, l3.RxBytes)
 	}
 }
+
+// TestProcessesRead: a GPU whose process list NVML gave, empty or not, has
+// its processes read; one whose list NVML refused has not (zero says
+// nothing there).
+func TestProcessesRead(t *testing.T) {
+	lib := fakeH100Node()
+	lib.devices[1].errs["Processes"] = errNVMLNotSupported
+	r, err := collectNVML(context.Background(), lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &snapshot.Snapshot{}
+	r.Apply(s)
+	if !s.GPUs[0].ProcessesRead || s.GPUs[0].Processes != 0 {
+		t.Errorf("GPU 0, no process listed: read %v, %d processes; want read, 0", s.GPUs[0].ProcessesRead, s.GPUs[0].Processes)
+	}
+	if s.GPUs[1].ProcessesRead {
+		t.Error("GPU 1, whose list NVML refused, counts as read")
+	}
+}

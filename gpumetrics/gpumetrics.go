@@ -391,9 +391,8 @@ func (b *builder) gpu(s *snapshot.Snapshot, g *snapshot.GPU, finds []Finding) {
 			f.add(float64(*r.DoubleBit), lv("double_bit")...)
 		}
 	}
-	if g.UtilizationGPU != nil || g.Processes > 0 {
-		// A GPU that reports its use reports its processes; zero is then a
-		// reading, not a gap.
+	if g.ProcessesRead || g.Processes > 0 {
+		// Zero is a reading only where the processes were listed.
 		has["processes"] = true
 		b.family("kiln_gpu_processes", Gauge, "Processes using the GPU.", gpuLabels...).add(float64(g.Processes), lv()...)
 	}

@@ -245,6 +245,10 @@ type GPU struct {
 	// Virtualization is "Pass-Through", "VGPU", "None" where reported.
 	Virtualization string `json:"virtualization,omitempty"`
 	Processes      int    `json:"processes,omitempty"`
+	// ProcessesRead says the driver or the tool listed the GPU's
+	// processes: Processes is then a count, zero included. Without it a
+	// zero says nothing.
+	ProcessesRead bool `json:"processes_read,omitempty"`
 	// ProcessList is the processes using the GPU where the driver lists
 	// them (NVML), with what each uses.
 	ProcessList []GPUProcess `json:"process_list,omitempty"`
