@@ -40,7 +40,7 @@ works on an air-gapped network, without Prometheus.`,
 				return apiErr(err)
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "Open this link once, before %s (it signs your browser in as you):\n", link.Expires.Local().Format("15:04:05"))
-			fmt.Fprintln(cmd.OutOrStdout(), link.URL)
+			fmt.Fprintln(cmd.OutOrStdout(), printable(link.URL)) // the server's answer is data too
 			return nil
 		},
 	}
