@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -135,6 +136,20 @@ func BenchmarkLeaseGrantRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if f := os.Getenv("KILN_BENCH_TRACE"); f != "" {
+		// An execution trace of the fixed-rate part alone (go tool trace):
+		// where a late request waited, the collector's cycles, the
+		// server's lock.
+		tf, err := os.Create(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer tf.Close()
+		if err := trace.Start(tf); err != nil {
+			b.Fatal(err)
+		}
+		defer trace.Stop()
 	}
 	cpu0 := processCPU()
 	open, err := users.run(fmt.Sprintf("open %d %g", b.N, rate))

@@ -15,11 +15,13 @@ import (
 // transaction (group commit). Requests hand over their changes, already
 // encoded, while they hold the server's lock, so the store sees them in the
 // order they were made; they answer only once wait says their changes are
-// durable. Whoever waits first while no transaction is under way writes
-// everything queued so far (a background writer does it for changes nobody
-// waits for); the others wait for that transaction or the next. The store
+// durable. One writer goroutine, woken by each hand-over, writes everything
+// queued so far; requests wait for that transaction or the next. The store
 // costs one transaction per burst, not per request, and nobody holds the
-// server's lock while SQLite writes.
+// server's lock while SQLite writes. The writer is one long-lived goroutine
+// rather than whichever request waits first: SQLite needs a deep stack, and
+// a request's goroutine would grow one (copying it several times) for every
+// transaction it wrote.
 //
 // While changes keep coming, transactions start at most every gap: the
 // writer waits out what is left of it since the last one started, and the
@@ -93,10 +95,6 @@ func (c *committer) wait(seq uint64) error {
 		if c.closed && !c.writing && len(c.queue) == 0 {
 			return fmt.Errorf("server closed")
 		}
-		if !c.writing && len(c.queue) > 0 {
-			c.write()
-			continue
-		}
 		c.written.Wait()
 	}
 	return nil
@@ -146,8 +144,8 @@ func (c *committer) failed() error {
 	return nil
 }
 
-// run writes the changes nobody waits for (the ticker's), and tries again
-// after a failed write.
+// run writes the changes handed over, and tries again after a failed
+// write.
 func (c *committer) run() {
 	defer close(c.exited)
 	c.mu.Lock()
