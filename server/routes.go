@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -220,7 +219,7 @@ func (s *Server) readBodyFirst(w http.ResponseWriter, r *http.Request, limit int
 			_ = rc.SetReadDeadline(time.Now())
 		}
 	})
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	b, err := readAllSized(r.Body, r.ContentLength, limit)
 	mu.Lock()
 	read = true
 	mu.Unlock()
@@ -230,7 +229,7 @@ func (s *Server) readBodyFirst(w http.ResponseWriter, r *http.Request, limit int
 			_ = rc.SetReadDeadline(time.Time{}) // long polls may follow
 		}
 		r.Body.Close()
-		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.Body = &readBodyAhead{Reader: bytes.NewReader(b), b: b}
 		return true
 	}
 	// The connection is dropped after the answer; the read deadline stays
