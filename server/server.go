@@ -28,6 +28,7 @@ import (
 	"kiln.dev/kiln/placement"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/compat"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
 	"kiln.dev/kiln/store"
@@ -87,14 +88,23 @@ type Config struct {
 	Limits api.Limits
 	// Images says whether an image runs on a node; nil: not checked.
 	Images ImageChecker
-	KB     *kb.KB
-	Logger *slog.Logger
+	// CheckedImages lists the images kiln compat read before (its cache),
+	// for the fleet's image findings on the web page; nil: none.
+	CheckedImages ImageCatalog
+	KB            *kb.KB
+	Logger        *slog.Logger
 }
 
 // ImageChecker is what kiln compat answers: does this image run on this
 // node, and if not, why.
 type ImageChecker interface {
 	Runs(ctx context.Context, image string, node *snapshot.Snapshot) (ok bool, reason string, err error)
+}
+
+// ImageCatalog lists the images kiln compat read before, with what each
+// needs, their requirements resolved (safe to share between goroutines).
+type ImageCatalog interface {
+	CheckedImages(ctx context.Context) ([]compat.Checked, error)
 }
 
 // maxCommitGap bounds Config.CommitGap.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/compat"
 	"kiln.dev/kiln/doctor"
 	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/snapshot"
@@ -449,7 +450,16 @@ func (s *Server) uiFleet(w http.ResponseWriter, r *http.Request, c *caller) {
 		out.Projects = append(out.Projects, up)
 	}
 	out.FleetFindings = []uiFleetFinding{}
-	for _, f := range doctor.Fleet(snaps) {
+	found := doctor.Fleet(snaps)
+	if s.cfg.CheckedImages != nil {
+		imgs, err := s.cfg.CheckedImages.CheckedImages(r.Context())
+		if err != nil {
+			// The page goes on without them; the log says why once per call.
+			s.log.Warn("the fleet's image findings are left out", "err", err)
+		}
+		found = append(found, compat.Fleet(imgs, snaps, s.cfg.KB)...)
+	}
+	for _, f := range found {
 		out.FleetFindings = append(out.FleetFindings, uiFleetFinding{ID: f.ID, Severity: f.Severity.String(), Title: f.Title,
 			Evidence: f.Evidence, Remedy: f.Remedy, Nodes: f.Machine})
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"kiln.dev/kiln/compat/image"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,10 +111,14 @@ func TestCompatCommand(t *testing.T) {
 			t.Errorf("text output lacks %q:\n%s", want, text)
 		}
 	}
-	// The layer cache is on disk under the digests.
+	// The layer cache is on disk under the digests, beside the record of
+	// the image that the server's fleet findings read.
 	entries, _ := os.ReadDir(cache)
-	if len(entries) != 3 {
-		t.Errorf("cache holds %d entries, want 3", len(entries))
+	if len(entries) != 4 {
+		t.Errorf("cache holds %d entries, want 3 layers and images/", len(entries))
+	}
+	if recs, _, err := image.NewCache(cache).Images(); err != nil || len(recs) != 1 || len(recs[0].Layers) != 3 {
+		t.Errorf("image records: %+v, %v", recs, err)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/compat/image"
+	"kiln.dev/kiln/kb"
 	"kiln.dev/kiln/server"
 )
 
@@ -106,6 +108,7 @@ type serverFlags struct {
 	grace            time.Duration
 	fairWindow       time.Duration
 	tunnelIdle       time.Duration
+	compatCache      string
 }
 
 func (f *serverFlags) add(cmd *cobra.Command, listen string) {
@@ -120,6 +123,7 @@ func (f *serverFlags) add(cmd *cobra.Command, listen string) {
 	fl.DurationVar(&f.grace, "grace", 30*time.Second, "time a preempted or expired job gets between SIGTERM and SIGKILL")
 	fl.DurationVar(&f.fairWindow, "fair-share-window", time.Hour, "half-life of past usage in the fair-share order")
 	fl.DurationVar(&f.tunnelIdle, "tunnel-idle", 30*time.Minute, "a connection to a job's port (kiln forward, the HTTP path) that carries nothing this long is closed")
+	fl.StringVar(&f.compatCache, "compat-cache", image.DefaultCacheDir(), "kiln compat's cache (its --cache-dir): the web page's fleet findings judge every image read there against every node, without asking a registry; \"off\" leaves them out")
 }
 
 // start opens the server and its listener; the caller serves.
@@ -140,10 +144,15 @@ func (f *serverFlags) start(ctx context.Context, log *slog.Logger) (*server.Serv
 		url = "https://" + net.JoinHostPort(host, port)
 	}
 	server.TuneGC()
+	k := kb.Default()
+	var checked server.ImageCatalog
+	if f.compatCache != "" && f.compatCache != "off" {
+		checked = newCompatCatalog(f.compatCache, k, log)
+	}
 	srv, err := server.New(ctx, server.Config{
 		DataDir: f.data, URL: url, Hosts: f.hosts, HeartbeatTimeout: f.heartbeatTimeout,
 		DefaultTimeLimit: f.defaultLimit, MaxTimeLimit: f.maxLimit, PreemptGrace: f.grace,
-		FairShareWindow: f.fairWindow, TunnelIdle: f.tunnelIdle, Logger: log,
+		FairShareWindow: f.fairWindow, TunnelIdle: f.tunnelIdle, Logger: log, KB: k, CheckedImages: checked,
 	})
 	if err != nil {
 		ln.Close()

@@ -1,13 +1,19 @@
 package image
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // cacheVersion changes whenever what a Layer holds, or how it is read,
@@ -107,14 +113,20 @@ func (c *Cache) Put(digest string, l *Layer) {
 }
 
 func (c *Cache) write(digest string, l *Layer) error {
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
-		return err
-	}
 	b, err := json.Marshal(cacheFile{Version: cacheVersion, Digest: digest, Layer: l})
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(c.dir, ".tmp-*")
+	return writeFileAtomic(c.dir, c.fileName(digest), b)
+}
+
+// writeFileAtomic writes path through a temporary file in dir (made if
+// need be) renamed over it, so that a reader never sees half a file.
+func writeFileAtomic(dir, path string, b []byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
 	if err != nil {
 		return err
 	}
@@ -127,9 +139,169 @@ func (c *Cache) write(digest string, l *Layer) error {
 		os.Remove(tmp.Name())
 		return err
 	}
-	if err := os.Rename(tmp.Name(), c.fileName(digest)); err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		os.Remove(tmp.Name())
 		return fmt.Errorf("placing cache entry: %w", err)
 	}
 	return nil
+}
+
+// imageRecordVersion changes whenever ImageRecord changes.
+const imageRecordVersion = 1
+
+// Bounds on the image records read back: a cache directory is outside data
+// (another user may share it), so neither a huge file nor a flood of files
+// makes kiln read without end.
+const (
+	maxImageRecordBytes = 1 << 20
+	maxImageRecords     = 1000
+)
+
+// ImageRecord is an image kiln compat read: its reference, platform,
+// config and the digests of its layers, whose contents the layer cache
+// keeps. With it, what kiln read of the image can be had again without
+// the registry (Cache.Result), as an air-gapped server needs.
+type ImageRecord struct {
+	Version  int               `json:"version"`
+	Ref      string            `json:"ref"`
+	Source   string            `json:"source,omitempty"`
+	Digest   string            `json:"digest,omitempty"`
+	Platform string            `json:"platform,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Layers   []string          `json:"layers"`
+	ReadAt   time.Time         `json:"read_at"`
+}
+
+// imageFileName is images/<sha256 of reference and platform>.json: one
+// record per image and platform, the latest read replacing the one before.
+func (c *Cache) imageFileName(ref, platform string) string {
+	sum := sha256.Sum256([]byte(ref + "\x00" + platform))
+	return filepath.Join(c.dir, "images", hex.EncodeToString(sum[:])+".json")
+}
+
+// PutImage records a scanned image whose layers are all in the cache. As
+// with layers, a disk write that fails is logged, not returned.
+func (c *Cache) PutImage(res *Result, at time.Time) {
+	if c == nil || c.dir == "" || res == nil || res.Ref == "" {
+		return
+	}
+	rec := ImageRecord{Version: imageRecordVersion, Ref: res.Ref, Source: res.Source, Digest: res.Digest, Platform: res.Platform,
+		Env: res.Env, Labels: res.Labels, ReadAt: at.UTC()}
+	for _, l := range res.Layers {
+		rec.Layers = append(rec.Layers, l.Digest)
+	}
+	b, err := json.Marshal(rec)
+	if err == nil && len(b) > maxImageRecordBytes {
+		err = fmt.Errorf("the record is %d bytes, above %d", len(b), maxImageRecordBytes)
+	}
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(c.dir, "images"), c.imageFileName(rec.Ref, rec.Platform), b)
+	}
+	if err != nil {
+		slog.Debug("compat: image record not written", "image", res.Ref, "err", err)
+	}
+}
+
+// ParseImageRecord reads one image record; it refuses a record of another
+// version and one whose fields are out of bounds.
+func ParseImageRecord(b []byte) (ImageRecord, error) {
+	var rec ImageRecord
+	if len(b) > maxImageRecordBytes {
+		return rec, fmt.Errorf("image record of %d bytes, above %d", len(b), maxImageRecordBytes)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, fmt.Errorf("image record: %w", err)
+	}
+	switch {
+	case rec.Version != imageRecordVersion:
+		return rec, fmt.Errorf("image record of version %d, want %d", rec.Version, imageRecordVersion)
+	case rec.Ref == "" || len(rec.Ref) > 1024:
+		return rec, fmt.Errorf("image record without a reference of at most 1024 bytes")
+	case len(rec.Layers) == 0 || len(rec.Layers) > 1000:
+		return rec, fmt.Errorf("image record of %s with %d layers (want 1 to 1000)", rec.Ref, len(rec.Layers))
+	}
+	for _, d := range rec.Layers {
+		if !validDigest(d) {
+			return rec, fmt.Errorf("image record of %s: %q is not a layer digest", rec.Ref, d)
+		}
+	}
+	return rec, nil
+}
+
+// Images lists the images recorded in the cache, the latest read first;
+// records that cannot be read are left out and counted in skipped.
+func (c *Cache) Images() (recs []ImageRecord, skipped int, err error) {
+	if c == nil || c.dir == "" {
+		return nil, 0, nil
+	}
+	dir := filepath.Join(c.dir, "images")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("compat cache: %w", err)
+	}
+	for _, e := range entries {
+		if len(recs) >= maxImageRecords {
+			skipped++
+			continue
+		}
+		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := readBoundedFile(filepath.Join(dir, e.Name()), maxImageRecordBytes)
+		if err != nil {
+			skipped++
+			continue
+		}
+		rec, err := ParseImageRecord(b)
+		if err != nil {
+			skipped++
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	sort.SliceStable(recs, func(i, j int) bool {
+		if !recs[i].ReadAt.Equal(recs[j].ReadAt) {
+			return recs[i].ReadAt.After(recs[j].ReadAt)
+		}
+		return recs[i].Ref < recs[j].Ref
+	})
+	return recs, skipped, nil
+}
+
+// Result is what kiln read of a recorded image, made again from the cached
+// layers; false when one of them is no longer in the cache.
+func (c *Cache) Result(rec ImageRecord) (*Result, bool) {
+	res := &Result{Ref: rec.Ref, Source: rec.Source, Digest: rec.Digest, Platform: rec.Platform, Env: rec.Env, Labels: rec.Labels}
+	layers := make([]*Layer, 0, len(rec.Layers))
+	for _, d := range rec.Layers {
+		l, ok := c.Get(d)
+		if !ok {
+			return nil, false
+		}
+		layers = append(layers, l)
+		res.Layers = append(res.Layers, LayerInfo{Digest: d, Cached: true, Files: len(l.Facts)})
+	}
+	res.Facts = Merge(layers)
+	return res, true
+}
+
+// readBoundedFile reads a regular file of at most limit bytes.
+func readBoundedFile(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is above %d bytes", path, limit)
+	}
+	return b, nil
 }

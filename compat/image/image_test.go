@@ -91,10 +91,13 @@ func TestScanRegistry(t *testing.T) {
 	}
 	// Each layer is on disk under its digest.
 	entries, _ := os.ReadDir(cacheDir)
-	if len(entries) != 4 {
-		t.Errorf("cache dir holds %d files, want 4", len(entries))
+	if len(entries) != 5 {
+		t.Errorf("cache dir holds %d entries, want 4 layers and images/", len(entries))
 	}
 	for _, e := range entries {
+		if e.Name() == "images" && e.IsDir() {
+			continue
+		}
 		if !strings.HasPrefix(e.Name(), "sha256-") || !strings.HasSuffix(e.Name(), ".json") {
 			t.Errorf("cache file %q", e.Name())
 		}
@@ -141,6 +144,71 @@ func TestScanRegistry(t *testing.T) {
 	if cached != 4 || len(r2.Layers) != 5 {
 		t.Errorf("shared base: %d of %d layers cached, want 4 of 5", cached, len(r2.Layers))
 	}
+
+	// Both images are recorded, the latest read first, and what was read of
+	// each is had again from the cache alone, as an air-gapped server does.
+	recs, skipped, err := NewCache(cacheDir).Images()
+	if err != nil || skipped != 0 || len(recs) != 2 {
+		t.Fatalf("images: %d records, %d skipped, %v", len(recs), skipped, err)
+	}
+	if recs[0].Ref != ref2 || recs[1].Ref != ref || recs[1].Digest != first.Digest || recs[1].Platform != "linux/amd64" || len(recs[1].Layers) != 4 {
+		t.Errorf("records: %+v", recs)
+	}
+	again, ok := NewCache(cacheDir).Result(recs[1])
+	if !ok || !slices.Equal(factKeys(again), keys) || again.Env["CUDA_VERSION"] != "12.1.1" {
+		t.Errorf("result from the cache: ok %v, facts equal %v", ok, again != nil && slices.Equal(factKeys(again), keys))
+	}
+	// A second read of an image replaces its record.
+	if _, err := Scan(ctx, opened, ScanOptions{Cache: cache}); err != nil {
+		t.Fatal(err)
+	}
+	if recs, _, _ := NewCache(cacheDir).Images(); len(recs) != 2 || recs[0].Ref != ref {
+		t.Errorf("after a second read: %d records, latest %q", len(recs), recs[0].Ref)
+	}
+	// Records that cannot be read are skipped and counted, never trusted.
+	imgDir := filepath.Join(cacheDir, "images")
+	for name, body := range map[string][]byte{
+		"garbage.json":   []byte("{not json"),
+		"version.json":   []byte(`{"version":99,"ref":"x","layers":["sha256:ab"]}`),
+		"nolayers.json":  []byte(`{"version":1,"ref":"x","layers":[]}`),
+		"baddigest.json": []byte(`{"version":1,"ref":"x","layers":["../../etc/passwd"]}`),
+		"huge.json":      make([]byte, maxImageRecordBytes+1),
+	} {
+		if err := os.WriteFile(filepath.Join(imgDir, name), body, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if recs, skipped, err := NewCache(cacheDir).Images(); err != nil || len(recs) != 2 || skipped != 5 {
+		t.Errorf("with bad records: %d records, %d skipped, %v", len(recs), skipped, err)
+	}
+	// A layer gone from the cache: the image cannot be judged from it.
+	if err := os.Remove(NewCache(cacheDir).fileName(recs[1].Layers[0])); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := NewCache(cacheDir).Result(recs[1]); ok {
+		t.Error("result made without one of its layers")
+	}
+}
+
+func FuzzParseImageRecord(f *testing.F) {
+	f.Add([]byte(`{"version":1,"ref":"reg/lab/img:1","platform":"linux/amd64","layers":["sha256:0123"],"read_at":"2026-01-02T03:04:05Z"}`))
+	f.Add([]byte(`{"version":1,"ref":"","layers":["sha256:0123"]}`))
+	f.Add([]byte(`{"version":1,"ref":"x","layers":["sha256:0123"],"env":{"A":"B"},"labels":{"c":"d"}}`))
+	f.Add([]byte("\xef\xbb\xbf{\"version\":1}\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rec, err := ParseImageRecord(b)
+		if err != nil {
+			return
+		}
+		if rec.Ref == "" || len(rec.Ref) > 1024 || len(rec.Layers) == 0 || len(rec.Layers) > 1000 {
+			t.Fatalf("accepted out of bounds: %+v", rec)
+		}
+		for _, d := range rec.Layers {
+			if !validDigest(d) || strings.ContainsAny(d, "/\\") {
+				t.Fatalf("accepted layer digest %q", d)
+			}
+		}
+	})
 }
 
 func TestOpenIndexPicksPlatform(t *testing.T) {

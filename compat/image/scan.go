@@ -129,6 +129,9 @@ func Scan(ctx context.Context, img *Image, o ScanOptions) (*Result, error) {
 	}
 	res.Facts = Merge(results)
 	res.Elapsed = time.Since(start)
+	// Every layer is in the cache now: the record lets the image be judged
+	// again without the registry (the server's fleet findings).
+	o.Cache.PutImage(res, time.Now())
 	return res, nil
 }
 
