@@ -32,6 +32,7 @@ var analysis = []string{
 	"dra",       // not dra/plugin or dra/kubetest, which talk to a cluster
 	"admission", // not admission/webhook, which reads registries and the cluster
 	"lease", "placement", "demo",
+	"serving",    // kiln serve's choice of engine, image, node and GPUs
 	"gpumetrics", // not gpumetrics/prom, whose client library speaks HTTP
 }
 
