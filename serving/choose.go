@@ -3,6 +3,7 @@ package serving
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -143,7 +144,7 @@ func Choose(m Model, req Request, nodes []Node, cat *Catalogue, k *kb.KB, read I
 	for _, e := range cat.Engines {
 		switch {
 		case req.Engine != "" && e.Name != req.Engine:
-		case !contains(e.Formats, m.Format):
+		case !slices.Contains(e.Formats, m.Format):
 			if req.Engine != "" {
 				return nil, fmt.Errorf("engine %s serves %s, not %s", e.Name, strings.Join(e.Formats, " and "), m.Format)
 			}
@@ -337,8 +338,7 @@ func islandsOf(s *snapshot.Snapshot, k *kb.KB) ([][]int, map[int]string, error) 
 	for _, i := range idx {
 		parent[i] = i
 	}
-	var find func(int) int
-	find = func(i int) int {
+	find := func(i int) int {
 		for parent[i] != i {
 			i = parent[i]
 		}
@@ -461,13 +461,4 @@ func engineNames(c *Catalogue) []string {
 		out = append(out, e.Name)
 	}
 	return out
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
