@@ -21,8 +21,8 @@ type Model struct {
 	Name string
 	// Format is FormatSafetensors or FormatGGUF.
 	Format string
-	// Arch is the model's shape from its config.json; nil for a GGUF file,
-	// which is sized by its weights alone.
+	// Arch is the model's shape, from its config.json or a GGUF header
+	// (GGUF.Model); a GGUF file without it is sized by its weights alone.
 	Arch *plan.Model
 	// Precision is the weights' (bf16, fp16, fp32, fp8), from the config's
 	// torch_dtype; "" is bf16.
@@ -259,6 +259,10 @@ func chooseOnNode(m Model, req Request, n Node, engines []Engine, k *kb.KB, read
 	return out, why
 }
 
+// ggufReserve is what llama.cpp's server takes beyond weights and KV cache
+// on a GPU: the CUDA context and its compute buffers, taken as 1 GiB.
+const ggufReserve = 1 << 30
+
 type sized struct {
 	gpus          int
 	island        []int
@@ -292,18 +296,25 @@ func sizeOn(m Model, req Request, e Engine, s *snapshot.Snapshot, islands [][]in
 		if island == nil {
 			return sized{}, fmt.Sprintf("%d GPUs joined by NVLink or xGMI are needed; its largest such group is %d", tp, largest)
 		}
-		if m.Arch == nil {
-			// GGUF: its weights are what kiln knows of it.
+		if m.Format == FormatGGUF {
+			// A GGUF file's weights are the file (quantised); its KV cache
+			// comes from the header's shape, at llama.cpp's default f16.
 			capacity := float64(minMemory(s, island))
-			need := float64(m.WeightsBytes)
 			if capacity == 0 {
 				return sized{}, "its GPUs' memory is unknown, so kiln cannot size the model there"
 			}
-			if capacity > 0 && need <= capacity*0.9 {
-				return sized{gpus: tp, island: island, mem: need, capacity: capacity,
-					notes: []string{"sized by its weights file alone: its KV cache is not counted (llama.cpp allocates it at start and says when it does not fit)"}}, ""
+			need := float64(m.WeightsBytes) + ggufReserve
+			var notes []string
+			if m.Arch != nil {
+				need += float64(req.Batch) * m.Arch.KVCacheBytes(req.Context, 2)
+			} else {
+				notes = append(notes, "sized by its weights file alone: its header gave no shape, so its KV cache is not counted")
 			}
-			last = fmt.Sprintf("its %s of weights do not fit %s of GPU memory", units.Bytes(uint64(need)), units.Bytes(uint64(capacity)))
+			if need <= capacity {
+				return sized{gpus: tp, island: island, mem: need, capacity: capacity, notes: notes}, ""
+			}
+			last = fmt.Sprintf("it needs %s (weights, KV cache of %d sequences of %d tokens, 1 GiB for the runtime) of a GPU of %s",
+				units.Bytes(uint64(need)), req.Batch, req.Context, units.Bytes(uint64(capacity)))
 			continue
 		}
 		c, err := plan.SnapshotCluster(s, k, tp, 0)
