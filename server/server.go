@@ -179,6 +179,7 @@ type Server struct {
 	// closed when the server stops, which ends them.
 	tunnels      *tunnelHub
 	proxies      proxyPool // the HTTP path's kept-alive tunnels
+	imageFleet   imageFleetMemo
 	portSessions *portSessions
 	uiSessions   *uiSessions
 	history      *history

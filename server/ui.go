@@ -457,7 +457,7 @@ func (s *Server) uiFleet(w http.ResponseWriter, r *http.Request, c *caller) {
 			// The page goes on without them; the log says why once per call.
 			s.log.Warn("the fleet's image findings are left out", "err", err)
 		}
-		found = append(found, compat.Fleet(imgs, snaps, s.cfg.KB)...)
+		found = append(found, s.imageFleet.findings(imgs, snaps, s.cfg.KB, now)...)
 	}
 	for _, f := range found {
 		out.FleetFindings = append(out.FleetFindings, uiFleetFinding{ID: f.ID, Severity: f.Severity.String(), Title: f.Title,
@@ -710,4 +710,41 @@ func (s *Server) uiLease(w http.ResponseWriter, r *http.Request, c *caller) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// imageFleetMemo keeps the fleet's image findings for a while: judging
+// every image on every GPU of the fleet for each view (twice a second per
+// open page) would cost a large fleet seconds of CPU. They are made again
+// when the images or the set of nodes change, and at least every
+// imageFleetTTL, so a node's new driver shows within that.
+type imageFleetMemo struct {
+	mu    sync.Mutex
+	at    time.Time
+	key   string
+	found []doctor.Finding
+}
+
+const imageFleetTTL = 30 * time.Second
+
+func (m *imageFleetMemo) findings(imgs []compat.Checked, snaps map[string]*snapshot.Snapshot, k *kb.KB, now time.Time) []doctor.Finding {
+	var b strings.Builder
+	for _, im := range imgs {
+		fmt.Fprintf(&b, "%s\x00%s\x00%p\x01", im.Ref, im.Platform, im.Requirements)
+	}
+	names := make([]string, 0, len(snaps))
+	for n, sn := range snaps {
+		if sn != nil {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	b.WriteString(strings.Join(names, "\x00"))
+	key := b.String()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if key == m.key && now.Sub(m.at) < imageFleetTTL && now.Sub(m.at) >= 0 {
+		return m.found
+	}
+	m.found, m.key, m.at = compat.Fleet(imgs, snaps, k), key, now
+	return m.found
 }
