@@ -334,7 +334,11 @@ func sizeOn(m Model, req Request, e Engine, s *snapshot.Snapshot, islands [][]in
 		last = fmt.Sprintf("on %d GPUs it needs %s a GPU of %s (%d sequences of %d tokens)", tp,
 			units.Bytes(uint64(est.MemoryPerGPUBytes)), units.Bytes(uint64(est.MemoryCapacityBytes)), req.Batch, req.Context)
 	}
-	return sized{}, "the model does not fit: " + last
+	why := "the model does not fit: " + last
+	if req.GPUs == 0 && e.TensorParallel && largest < len(s.GPUs) {
+		why += fmt.Sprintf("; more GPUs would take tensor parallelism beyond its largest NVLink or xGMI group (%d of its %d GPUs), which kiln serve does not do", largest, len(s.GPUs))
+	}
+	return sized{}, why
 }
 
 // islandsOf groups the node's GPUs by NVLink or xGMI (a GPU with neither

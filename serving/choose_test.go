@@ -169,6 +169,12 @@ func TestChooseRefusesWithWhatIsMissing(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "does not fit") {
 		t.Errorf("70B on PCIe 4090s: %v", err)
 	}
+	// 13B in bf16 (26 GB) would fit two 24 GB GPUs, but the 4090s share no
+	// NVLink: no tensor parallelism over PCIe, and the refusal says why.
+	_, err = serving.Choose(model(t, "llama2-13b"), serving.Request{Context: 4096, Batch: 1}, []serving.Node{{Name: "rtx", Snapshot: onDriver(load(t, rtx4090), "550.90.07")}}, cat, kb.Default(), nil)
+	if err == nil || !strings.Contains(err.Error(), "beyond its largest NVLink or xGMI group (1 of its 8 GPUs)") {
+		t.Errorf("13B on PCIe 4090s: %v", err)
+	}
 	// The model's config from a file, on a node that holds it.
 	b, err := os.ReadFile(filepath.Join("..", "plan", "testdata", "mixtral-8x7b-config.json"))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"kiln.dev/kiln/plan"
+	"kiln.dev/kiln/textsafe"
 )
 
 // GGUF is what kiln reads of a GGUF file's header: the model's shape from
@@ -72,7 +73,7 @@ func ReadGGUF(r io.Reader) (*GGUF, error) {
 		}
 		v, s, err := br.value(typ, 0)
 		if err != nil {
-			return nil, fmt.Errorf("gguf: metadata %q: %w", printable(key), err)
+			return nil, fmt.Errorf("gguf: metadata %s: %w", textsafe.Printable(truncate(key, 80)), err)
 		}
 		if s != nil {
 			strs[key] = *s
@@ -80,8 +81,9 @@ func ReadGGUF(r io.Reader) (*GGUF, error) {
 			ints[key] = *v
 		}
 	}
-	g.Architecture = strs["general.architecture"]
-	g.Name = strs["general.name"]
+	// Both are printed (errors, the deployment's name): escaped here, once.
+	g.Architecture = textsafe.Printable(truncate(strs["general.architecture"], 64))
+	g.Name = textsafe.Printable(truncate(strs["general.name"], 256))
 	g.FileType = ints["general.file_type"]
 	a := g.Architecture + "."
 	g.Layers, g.Hidden, g.FFN, g.Context = ints[a+"block_count"], ints[a+"embedding_length"], ints[a+"feed_forward_length"], ints[a+"context_length"]
@@ -243,15 +245,10 @@ func (b *ggufReader) value(typ uint32, depth int) (*int, *string, error) {
 	return &i, nil, nil
 }
 
-// printable keeps a key from the file safe to print.
-func printable(s string) string {
-	if len(s) > 80 {
-		s = s[:80] + "..."
+// truncate cuts s to at most n bytes, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return '?'
-		}
-		return r
-	}, s)
+	return s[:n] + "..."
 }

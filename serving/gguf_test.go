@@ -171,3 +171,17 @@ func FuzzReadGGUF(f *testing.F) {
 		}
 	})
 }
+
+// What the header names is escaped before anything prints it.
+func TestReadGGUFEscapes(t *testing.T) {
+	g, err := serving.ReadGGUF(bytes.NewReader(gguf("general.architecture", "ll\x1b[2Jama", "general.name", "x\nrm -rf")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsAny(g.Architecture+g.Name, "\x1b\n") {
+		t.Errorf("read %q and %q raw", g.Architecture, g.Name)
+	}
+	if _, err := g.Model(); err == nil || strings.Contains(err.Error(), "\x1b") {
+		t.Errorf("shape error printed raw: %q", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"kiln.dev/kiln/textsafe"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -218,6 +219,10 @@ func ParseImageRecord(b []byte) (ImageRecord, error) {
 		return rec, fmt.Errorf("image record of version %d, want %d", rec.Version, imageRecordVersion)
 	case rec.Ref == "" || len(rec.Ref) > 1024:
 		return rec, fmt.Errorf("image record without a reference of at most 1024 bytes")
+	case textsafe.Printable(rec.Ref) != rec.Ref || textsafe.Printable(rec.Platform) != rec.Platform || len(rec.Platform) > 64:
+		// The reference is shown on the web page and in logs: a record
+		// whose reference holds control bytes was not written by kiln.
+		return rec, fmt.Errorf("image record with a reference or platform that holds control characters")
 	case len(rec.Layers) == 0 || len(rec.Layers) > 1000:
 		return rec, fmt.Errorf("image record of %s with %d layers (want 1 to 1000)", rec.Ref, len(rec.Layers))
 	}

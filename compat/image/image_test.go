@@ -2,6 +2,7 @@ package image
 
 import (
 	"context"
+	"kiln.dev/kiln/textsafe"
 	"os"
 	"path/filepath"
 	"slices"
@@ -172,13 +173,14 @@ func TestScanRegistry(t *testing.T) {
 		"version.json":   []byte(`{"version":99,"ref":"x","layers":["sha256:ab"]}`),
 		"nolayers.json":  []byte(`{"version":1,"ref":"x","layers":[]}`),
 		"baddigest.json": []byte(`{"version":1,"ref":"x","layers":["../../etc/passwd"]}`),
+		"control.json":   []byte(`{"version":1,"ref":"lab/x\u001b[2J:1","layers":["sha256:ab"]}`),
 		"huge.json":      make([]byte, maxImageRecordBytes+1),
 	} {
 		if err := os.WriteFile(filepath.Join(imgDir, name), body, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if recs, skipped, err := NewCache(cacheDir).Images(); err != nil || len(recs) != 2 || skipped != 5 {
+	if recs, skipped, err := NewCache(cacheDir).Images(); err != nil || len(recs) != 2 || skipped != 6 {
 		t.Errorf("with bad records: %d records, %d skipped, %v", len(recs), skipped, err)
 	}
 	// A layer gone from the cache: the image cannot be judged from it.
@@ -200,7 +202,7 @@ func FuzzParseImageRecord(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if rec.Ref == "" || len(rec.Ref) > 1024 || len(rec.Layers) == 0 || len(rec.Layers) > 1000 {
+		if rec.Ref == "" || len(rec.Ref) > 1024 || len(rec.Layers) == 0 || len(rec.Layers) > 1000 || textsafe.Printable(rec.Ref) != rec.Ref {
 			t.Fatalf("accepted out of bounds: %+v", rec)
 		}
 		for _, d := range rec.Layers {
