@@ -137,10 +137,15 @@ type LeaseWait struct {
 }
 
 // LeaseVersion is the version of a lease that GetLease waits to change
-// from: its state and queue position, "queued/3" (the server sends the
-// same in the X-Kiln-Lease-Version header).
+// from: its state and queue position, "queued/3", and a deployment's
+// state, "granted/0/ready" (the server sends the same in the
+// X-Kiln-Lease-Version header).
 func LeaseVersion(l *Lease) string {
-	return l.State + "/" + strconv.Itoa(l.QueuePosition)
+	v := l.State + "/" + strconv.Itoa(l.QueuePosition)
+	if l.Deployment != nil {
+		v += "/" + l.Deployment.State
+	}
+	return v
 }
 
 // GetLease returns a lease; with a LeaseWait it waits for the lease to
@@ -618,6 +623,16 @@ func (c *Client) UILink(ctx context.Context) (*BrowserLink, error) {
 func (c *Client) BrowserLink(ctx context.Context, leaseID string, port int) (*BrowserLink, error) {
 	var out BrowserLink
 	if err := c.call(ctx, "POST", nil, nil, &out, "/v1/leases/{lease id}/ports/{port}/browser", leaseID, strconv.Itoa(port)); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ServeChoose asks how the server's nodes would serve a model (kiln serve):
+// the engine, image, node and GPUs, with the engine's command filled.
+func (c *Client) ServeChoose(ctx context.Context, req ServeChooseRequest) (*ServeChooseReply, error) {
+	var out ServeChooseReply
+	if err := c.call(ctx, "POST", nil, req, &out, "/v1/serve/choose"); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -218,6 +218,13 @@ func callCases() []callCase {
 			route: "POST /v1/ui/link", status: 201,
 			answer: `{"url":"https://s/ui/?kiln_code=c","expires":"2026-01-02T03:04:05Z"}`,
 			want:   &BrowserLink{URL: "https://s/ui/?kiln_code=c", Expires: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}},
+		{name: "ServeChoose", call: func(ctx context.Context, c *Client) (any, error) {
+			return c.ServeChoose(ctx, ServeChooseRequest{Model: ServeModel{Name: "m", Format: "gguf", WeightsBytes: 5, Path: "/m.gguf"}, Batch: 2})
+		},
+			route: "POST /v1/serve/choose", body: `{"model":{"name":"m","format":"gguf","weights_bytes":5,"path":"/m.gguf"},"batch":2}`,
+			answer: `{"best":{"engine":"llama.cpp","node":"n1","gpus":1,"island":[0],"link":"one GPU","verdict":"runs","verdict_from":"x","memory_per_gpu_bytes":1,"capacity_bytes":2,"context":8,"batch":2,"command":["llama-server"],"port":8080,"ready":"/health"}}`,
+			want: &ServeChooseReply{Best: ServeChoice{Engine: "llama.cpp", Node: "n1", GPUs: 1, Island: []int{0}, Link: "one GPU", Verdict: "runs", VerdictFrom: "x",
+				MemoryPerGPUBytes: 1, CapacityBytes: 2, Context: 8, Batch: 2, Command: []string{"llama-server"}, Port: 8080, Ready: "/health"}}},
 		{name: "GetJob", call: func(ctx context.Context, c *Client) (any, error) { return c.GetJob(ctx, "j-1") },
 			route: "GET /v1/jobs/{id}", values: map[string]string{"id": "j-1"}, answer: mustJSON(job), want: job},
 		{name: "JobLogs", call: func(ctx context.Context, c *Client) (any, error) { return readAll(c.JobLogs(ctx, "j-1", false)) },
@@ -395,11 +402,13 @@ func TestTypedCalls(t *testing.T) {
 // the HTTP path to a job's port, which any HTTP client calls: server's
 // TestTunnels reaches each through the typed methods (ConnectPort,
 // TunnelOrders, AcceptTunnel, RefuseTunnel) and net/http, and its
-// TestSessions reaches the sessions route through OpenSession.
+// TestSessions reaches the sessions route through OpenSession; and the
+// OpenAI-compatible endpoint, which OpenAI's clients call (kiln serve's
+// end-to-end test does).
 func streamed(route string) bool {
 	_, path, _ := strings.Cut(route, " ")
 	return (strings.HasPrefix(path, "/v1/leases/{id}/ports/") && !strings.HasSuffix(path, "/browser")) || strings.HasPrefix(path, "/v1/agent/nodes/{node}/tunnels") ||
-		path == "/v1/leases/{id}/sessions"
+		path == "/v1/leases/{id}/sessions" || strings.HasPrefix(path, "/openai/v1/")
 }
 
 // idCalls are the methods that put an id in the path, with the route and

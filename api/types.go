@@ -98,6 +98,9 @@ type LeaseRequest struct {
 	// Resources are host limits for each job (cgroup v2 where the node has
 	// it; the node's sandbox says whether).
 	Resources Resources `json:"resources,omitzero"`
+	// Serve marks the lease as a model deployment (kiln serve): its job is
+	// the engine, reached through the server's OpenAI-compatible endpoint.
+	Serve *ServeSpec `json:"serve,omitempty"`
 	// Placement says who picks the devices: kiln (PlacementKiln, the
 	// default) or, on nodes of the Kubernetes backend, the cluster's
 	// scheduler among the devices kiln offers (PlacementScheduler).
@@ -255,6 +258,8 @@ type Lease struct {
 	// are not granted again until its node re-registers or an admin
 	// clears them.
 	Holding bool `json:"holding,omitempty"`
+	// Deployment is a serving lease's state and usage (Request.Serve).
+	Deployment *Deployment `json:"deployment,omitempty"`
 }
 
 // Job is one command or image run inside a lease.

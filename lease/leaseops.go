@@ -44,6 +44,9 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 	if err := s.queueRoom(req.Project, in.User); err != nil {
 		return nil, nil, err
 	}
+	if err := s.serveRoom(req, in.User); err != nil {
+		return nil, nil, err
+	}
 	if req.Job != nil {
 		if err := s.jobRoom(req.Project, req.Job, 0); err != nil {
 			return nil, nil, err
@@ -130,6 +133,22 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 		}
 	}
 	return l, b, nil
+}
+
+// serveRoom refuses a deployment whose name another member of the project
+// serves already: the endpoint would send that member's requests to it.
+// The same user's deployments of one name are replicas.
+func (s *Core) serveRoom(req api.LeaseRequest, user string) error {
+	if req.Serve == nil {
+		return nil
+	}
+	for _, ls := range s.leases {
+		o := ls.l
+		if o.Request.Serve != nil && o.Project == req.Project && o.Request.Serve.Model == req.Serve.Model && o.User != user {
+			return Errorf(Conflict, "project %s already serves %s (lease %s of %s): give yours another name (kiln serve --name)", req.Project, req.Serve.Model, o.ID, o.User)
+		}
+	}
+	return nil
 }
 
 // Lease is a live lease (queued, granted, stopping, or lost and holding

@@ -11,8 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/serving"
 )
 
 // Body limits.
@@ -274,7 +276,122 @@ func checkLeaseRequest(r *api.LeaseRequest) error {
 	if r.Resources.CPUMilli < 0 || r.Resources.CPUMilli > 1<<20 || r.Resources.MemoryBytes > 1<<50 {
 		return errors.New("resources: cpu_milli 0 to 1048576, memory_bytes at most 2^50")
 	}
+	if r.Serve != nil {
+		if err := checkServeSpec(r); err != nil {
+			return err
+		}
+	}
 	return checkPlacement(r)
+}
+
+// checkServeSpec checks a deployment's lease: its engine is the lease's
+// job, listening on a port it declares.
+func checkServeSpec(r *api.LeaseRequest) error {
+	sv := r.Serve
+	if err := serving.CheckName(sv.Model); err != nil {
+		return fmt.Errorf("serve.model: %w", err)
+	}
+	if r.Job == nil || !slices.Contains(r.Job.Ports, sv.Port) {
+		return fmt.Errorf("serve.port %d: the lease's job must declare the engine's port (job.ports)", sv.Port)
+	}
+	if err := checkReadyPath(sv.Ready); err != nil {
+		return fmt.Errorf("serve.ready: %w", err)
+	}
+	if len(sv.Engine) > 64 || !printableLine(sv.Engine) {
+		return errors.New("serve.engine: at most 64 printable characters")
+	}
+	if len(sv.Source) > 4096 || !printableLine(sv.Source) {
+		return errors.New("serve.source: at most 4096 printable characters")
+	}
+	return nil
+}
+
+// checkReadyPath: an engine's readiness path, asked of it by the server.
+func checkReadyPath(p string) error {
+	if !strings.HasPrefix(p, "/") || len(p) > 256 || !printableLine(p) || strings.ContainsAny(p, " #") || strings.Contains(p, "..") {
+		return fmt.Errorf("%q: want a path such as /health", trunc(p))
+	}
+	return nil
+}
+
+// printableLine: no control characters, valid UTF-8.
+func printableLine(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return false
+		}
+	}
+	return true
+}
+
+func parseServeChoose(b []byte) (api.ServeChooseRequest, error) {
+	var r api.ServeChooseRequest
+	if err := decodeJSON(b, &r); err != nil {
+		return r, err
+	}
+	return r, checkServeChoose(&r)
+}
+
+func checkServeChoose(r *api.ServeChooseRequest) error {
+	m := &r.Model
+	if err := serving.CheckName(m.Name); err != nil {
+		return fmt.Errorf("model.name: %w", err)
+	}
+	if m.Format != serving.FormatSafetensors && m.Format != serving.FormatGGUF {
+		return fmt.Errorf("model.format %q: want %s or %s", trunc(m.Format), serving.FormatSafetensors, serving.FormatGGUF)
+	}
+	if len(m.Precision) > 16 || !printableLine(m.Precision) {
+		return errors.New("model.precision: at most 16 printable characters")
+	}
+	if m.WeightsBytes < 0 || m.WeightsBytes > 1<<50 {
+		return fmt.Errorf("model.weights_bytes %d: want 0 to 2^50", m.WeightsBytes)
+	}
+	for k, p := range map[string]string{"model.path": m.Path, "model.file": m.File} {
+		if (p != "" || k == "model.path") && (!strings.HasPrefix(p, "/") || len(p) > 4096 || !printableLine(p)) {
+			return fmt.Errorf("%s %q: want an absolute path as the nodes see it", k, trunc(p))
+		}
+	}
+	if sh := m.Shape; sh != nil {
+		for k, v := range map[string]int{"layers": sh.Layers, "encoder_layers": sh.EncoderLayers, "hidden": sh.Hidden, "heads": sh.Heads,
+			"kv_heads": sh.KVHeads, "head_dim": sh.HeadDim, "ffn": sh.FFN, "vocab": sh.Vocab, "seq": sh.Seq, "max_seq": sh.MaxSeq,
+			"experts": sh.Experts, "experts_per_token": sh.ExpertsPerToken} {
+			if v < 0 || v > 1<<24 {
+				return fmt.Errorf("model.shape.%s %d: want 0 to 2^24", k, v)
+			}
+		}
+		if !finite(sh.Params) || sh.Params < 0 || sh.Params > 1e15 {
+			return errors.New("model.shape.params: want 0 to 1e15")
+		}
+	}
+	if len(r.Engine) > 64 || !printableLine(r.Engine) {
+		return errors.New("engine: at most 64 printable characters")
+	}
+	if len(r.Image) > 512 || strings.ContainsAny(r.Image, " \t\n\x00") || !printableLine(r.Image) {
+		return fmt.Errorf("image %q: not an image reference", trunc(r.Image))
+	}
+	if len(r.Command) > 256 {
+		return errors.New("command: at most 256 arguments")
+	}
+	for _, a := range r.Command {
+		if strings.ContainsRune(a, 0) || len(a) > 4096 {
+			return errors.New("command: an argument holds a NUL byte or is over 4096 bytes")
+		}
+	}
+	if r.Port < 0 || r.Port > 65535 {
+		return fmt.Errorf("port %d: want 1 to 65535", r.Port)
+	}
+	if r.Ready != "" {
+		if err := checkReadyPath(r.Ready); err != nil {
+			return fmt.Errorf("ready: %w", err)
+		}
+	}
+	if r.Context < 0 || r.Context > 1<<24 || r.Batch < 0 || r.Batch > 1<<16 || r.GPUs < 0 || r.GPUs > 4096 {
+		return errors.New("context (0 to 2^24), batch (0 to 65536) and gpus (0 to 4096) are out of range")
+	}
+	return nil
 }
 
 // checkPlacement checks who is to pick the lease's devices.

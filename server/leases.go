@@ -102,8 +102,12 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.core.Decorate(l, time.Now())
-		b, _ := json.Marshal(l)
+		out := s.withDeployment(*l)
+		b, _ := json.Marshal(out)
 		key := fmt.Sprintf("%s/%d", l.State, l.QueuePosition)
+		if out.Deployment != nil {
+			key += "/" + out.Deployment.State
+		}
 		ch := s.changed
 		seq := s.wseq
 		s.mu.Unlock()
@@ -182,6 +186,9 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) {
 	})
 	if out == nil {
 		out = []api.Lease{}
+	}
+	for i := range out {
+		out[i] = s.withDeployment(out[i])
 	}
 	writeJSON(w, http.StatusOK, api.LeaseList{Leases: out})
 }

@@ -84,6 +84,11 @@ func (s *Server) routes() []route {
 		{"DELETE", "/v1/leases/{id}/ports/{port}/http/{path...}", authUser, s.proxyPort},
 		{"POST", "/v1/leases/{id}/ports/{port}/browser", authUser, s.browserLink},
 		{"POST", "/v1/ui/link", authUser, s.uiLink},
+		{"POST", "/v1/serve/choose", authUser, s.serveChoose},
+		{"GET", "/openai/v1/models", authUser, s.openAIModels},
+		{"POST", "/openai/v1/chat/completions", authUser, s.openAIProxy},
+		{"POST", "/openai/v1/completions", authUser, s.openAIProxy},
+		{"POST", "/openai/v1/embeddings", authUser, s.openAIProxy},
 		{"GET", "/v1/agent/nodes/{node}/tunnels", authAgent, s.tunnelOrders},
 		{"POST", "/v1/agent/nodes/{node}/tunnels/{tid}", authAgent, s.tunnelAccept},
 	}
@@ -98,6 +103,8 @@ func bodyLimit(rt route) int64 {
 		return maxLogChunk
 	case "/healthz", "/v1/join":
 		return maxUnauthBody
+	case "/openai/v1/chat/completions", "/openai/v1/completions", "/openai/v1/embeddings":
+		return maxOpenAIBody
 	}
 	return maxBody
 }

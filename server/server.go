@@ -183,6 +183,7 @@ type Server struct {
 	portSessions *portSessions
 	uiSessions   *uiSessions
 	history      *history
+	deploys      deployments // serving leases' readiness and usage
 	closing      chan struct{}
 	closeOnce    sync.Once
 
@@ -330,8 +331,9 @@ func newServer(ctx context.Context, cfg Config) (*Server, error) {
 		cancel()
 		s.closeOnce.Do(func() { close(s.closing) })
 	}
-	s.loopWG.Add(1)
+	s.loopWG.Add(2)
 	go s.ticker(lctx)
+	go s.prober(lctx)
 	return s, nil
 }
 

@@ -29,6 +29,9 @@ type Model struct {
 	Precision string
 	// WeightsBytes is the size of its weight files.
 	WeightsBytes int64
+	// Path is where it lies (its folder, or its one GGUF file), absolute;
+	// File is its one weights file, for a GGUF model.
+	Path, File string
 }
 
 // Request is what the user asks of a deployment; zero values are chosen.
@@ -42,6 +45,12 @@ type Request struct {
 	Batch int
 	// GPUs fixes the tensor-parallel degree; 0 sizes it.
 	GPUs int
+	// Custom, when set, is the only engine considered (CustomEngine): the
+	// user's image or a command run on the node.
+	Custom *Engine
+	// Process runs the engine's command on the node, where the user has
+	// installed it, instead of in one of its images.
+	Process bool
 }
 
 // Defaults of a Request.
@@ -123,7 +132,7 @@ func Choose(m Model, req Request, nodes []Node, cat *Catalogue, k *kb.KB, read I
 	if m.Format == FormatSafetensors && m.Arch == nil {
 		return nil, fmt.Errorf("model %s: safetensors weights without a config.json: kiln cannot size it", m.Name)
 	}
-	if req.Engine != "" {
+	if req.Engine != "" && req.Custom == nil {
 		if _, ok := cat.Engine(req.Engine); !ok {
 			return nil, fmt.Errorf("engine %q is not in kiln's catalogue (%s)", req.Engine, strings.Join(engineNames(cat), ", "))
 		}
@@ -141,7 +150,11 @@ func Choose(m Model, req Request, nodes []Node, cat *Catalogue, k *kb.KB, read I
 		}
 	}
 	var engines []Engine
-	for _, e := range cat.Engines {
+	all := cat.Engines
+	if req.Custom != nil {
+		all, req.Engine = []Engine{*req.Custom}, req.Custom.Name
+	}
+	for _, e := range all {
 		switch {
 		case req.Engine != "" && e.Name != req.Engine:
 		case !slices.Contains(e.Formats, m.Format):
@@ -215,9 +228,22 @@ func chooseOnNode(m Model, req Request, n Node, engines []Engine, k *kb.KB, read
 	var out []Choice
 	var why []string
 	for _, e := range engines {
+		size, fitWhy := sizeOn(m, req, e, s, islands, k)
+		if req.Process || len(e.Images) == 0 {
+			// A command on the node: no image for compat to read.
+			if size.gpus == 0 {
+				why = append(why, fmt.Sprintf("%s: %s: %s", n.Name, e.Name, fitWhy))
+				continue
+			}
+			c := choiceOf(e, n.Name, "", size, link, req)
+			c.Verdict, c.VerdictFrom = compat.Unknown, "a process on the node"
+			c.Notes = append(c.Notes, "the engine runs as a process on the node: kiln cannot read which CUDA or ROCm it was built for")
+			out = append(out, c)
+			continue
+		}
 		var images []Image
 		for _, im := range e.Images {
-			if strings.EqualFold(im.Vendor, vendor) {
+			if im.Vendor == "" || strings.EqualFold(im.Vendor, vendor) {
 				images = append(images, im)
 			}
 		}
@@ -225,7 +251,6 @@ func chooseOnNode(m Model, req Request, n Node, engines []Engine, k *kb.KB, read
 			why = append(why, fmt.Sprintf("%s: %s has no image for %s GPUs in kiln's catalogue", n.Name, e.Name, vendor))
 			continue
 		}
-		size, fitWhy := sizeOn(m, req, e, s, islands, k)
 		if size.gpus == 0 {
 			why = append(why, fmt.Sprintf("%s: %s: %s", n.Name, e.Name, fitWhy))
 			continue
@@ -233,18 +258,19 @@ func chooseOnNode(m Model, req Request, n Node, engines []Engine, k *kb.KB, read
 		picked := false
 		for _, im := range images {
 			reqs, from := requirementsOf(im, read)
-			nr := compat.Check(reqs, compat.Node{Name: n.Name, Snapshot: s}, k)
+			var nr compat.NodeReport
+			if reqs == nil {
+				// The user's image, which kiln compat has not read.
+				nr = compat.NodeReport{Verdict: compat.Unknown, Reasons: []string{"kiln compat has not read " + im.Ref + " (kiln compat " + im.Ref + " reads it)"}}
+			} else {
+				nr = compat.Check(reqs, compat.Node{Name: n.Name, Snapshot: s}, k)
+			}
 			if nr.Verdict == compat.Fails {
 				why = append(why, fmt.Sprintf("%s: %s skipped: %s", n.Name, im.Ref, firstReason(nr)))
 				continue
 			}
-			l := link[size.island[0]]
-			if size.gpus == 1 {
-				l = "one GPU"
-			}
-			c := Choice{Engine: e.Name, Image: im.Ref, Node: n.Name, GPUs: size.gpus, Island: size.island, Link: l,
-				Verdict: nr.Verdict, VerdictFrom: from, MemoryPerGPUBytes: size.mem, CapacityBytes: size.capacity,
-				Context: req.Context, Batch: req.Batch, Notes: size.notes}
+			c := choiceOf(e, n.Name, im.Ref, size, link, req)
+			c.Verdict, c.VerdictFrom = nr.Verdict, from
 			if nr.Verdict == compat.Unknown {
 				c.Notes = append(c.Notes, "kiln compat cannot tell whether this image runs here: "+firstReason(nr))
 			}
@@ -257,6 +283,16 @@ func chooseOnNode(m Model, req Request, n Node, engines []Engine, k *kb.KB, read
 		}
 	}
 	return out, why
+}
+
+func choiceOf(e Engine, node, image string, size sized, link map[int]string, req Request) Choice {
+	l := link[size.island[0]]
+	if size.gpus == 1 {
+		l = "one GPU"
+	}
+	return Choice{Engine: e.Name, Image: image, Node: node, GPUs: size.gpus, Island: size.island, Link: l,
+		MemoryPerGPUBytes: size.mem, CapacityBytes: size.capacity, Context: req.Context, Batch: req.Batch,
+		Notes: append([]string(nil), size.notes...)}
 }
 
 // ggufReserve is what llama.cpp's server takes beyond weights and KV cache
@@ -428,6 +464,9 @@ func requirementsOf(im Image, read ImageReader) (*compat.Requirements, string) {
 		if r := read(im.Ref); r != nil {
 			return r, "read by kiln compat"
 		}
+	}
+	if im.CUDA == "" && im.ROCm == "" {
+		return nil, "not read (the user's image)"
 	}
 	r := &compat.Requirements{Image: im.Ref}
 	switch {

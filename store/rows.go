@@ -53,6 +53,15 @@ type leaseRequestRow struct {
 	Require          []string       `json:"require,omitempty"`
 	Resources        resourcesRow   `json:"resources,omitzero"`
 	Placement        string         `json:"placement,omitempty"`
+	Serve            *serveSpecRow  `json:"serve,omitempty"`
+}
+
+type serveSpecRow struct {
+	Model  string `json:"model"`
+	Engine string `json:"engine,omitempty"`
+	Port   int    `json:"port"`
+	Ready  string `json:"ready"`
+	Source string `json:"source,omitempty"`
 }
 
 type constraintsRow struct {
@@ -295,6 +304,9 @@ func leaseRequestToRow(q api.LeaseRequest) leaseRequestRow {
 		Require:          q.Require,
 		Resources:        resourcesRow{CPUMilli: q.Resources.CPUMilli, MemoryBytes: q.Resources.MemoryBytes},
 		Placement:        q.Placement,
+		Serve: mapPtr(q.Serve, func(v api.ServeSpec) serveSpecRow {
+			return serveSpecRow{Model: v.Model, Engine: v.Engine, Port: v.Port, Ready: v.Ready, Source: v.Source}
+		}),
 	}
 }
 
@@ -314,6 +326,9 @@ func leaseRequestFromRow(r leaseRequestRow) api.LeaseRequest {
 		Require:          r.Require,
 		Resources:        api.Resources{CPUMilli: r.Resources.CPUMilli, MemoryBytes: r.Resources.MemoryBytes},
 		Placement:        r.Placement,
+		Serve: mapPtr(r.Serve, func(v serveSpecRow) api.ServeSpec {
+			return api.ServeSpec{Model: v.Model, Engine: v.Engine, Port: v.Port, Ready: v.Ready, Source: v.Source}
+		}),
 	}
 }
 

@@ -132,7 +132,7 @@ func TestRowsRoundTrip(t *testing.T) {
 		s, in := writeFilled(t, f)
 		// Derived, not stored.
 		wantLease := *in.lease
-		wantLease.QueuePosition, wantLease.EstimatedStart, wantLease.Ports = 0, nil, nil
+		wantLease.QueuePosition, wantLease.EstimatedStart, wantLease.Ports, wantLease.Deployment = 0, nil, nil, nil
 		err := s.View(context.Background(), func(tx *Tx) error {
 			l, err := tx.Lease(in.lease.ID)
 			if err != nil {
@@ -228,7 +228,8 @@ var goldenKeys = map[string][]string{
 		"request.job.env.<key0>", "request.job.env.<key1>", "request.job.image", "request.job.ports", "request.job.workdir",
 		"request.memory_bytes", "request.mig", "request.name", "request.placement", "request.preemptible", "request.priority",
 		"request.project", "request.require", "request.resources", "request.resources.cpu_milli",
-		"request.resources.memory_bytes", "request.time_limit_s",
+		"request.resources.memory_bytes", "request.serve", "request.serve.engine", "request.serve.model",
+		"request.serve.port", "request.serve.ready", "request.serve.source", "request.time_limit_s",
 		"state", "stop_deadline", "user",
 	},
 	"jobs.data": {

@@ -38,6 +38,27 @@ func (e ConstraintsVendor) Valid() bool {
 	}
 }
 
+// Defines values for DeploymentState.
+const (
+	DeploymentStateReady    DeploymentState = "ready"
+	DeploymentStateStarting DeploymentState = "starting"
+	DeploymentStateUnready  DeploymentState = "unready"
+)
+
+// Valid indicates whether the value is a known member of the DeploymentState enum.
+func (e DeploymentState) Valid() bool {
+	switch e {
+	case DeploymentStateReady:
+		return true
+	case DeploymentStateStarting:
+		return true
+	case DeploymentStateUnready:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Isolation.
 const (
 	Exclusive   Isolation = "exclusive"
@@ -236,6 +257,54 @@ func (e Role) Valid() bool {
 	}
 }
 
+// Defines values for ServeModelFormat.
+const (
+	Gguf        ServeModelFormat = "gguf"
+	Safetensors ServeModelFormat = "safetensors"
+)
+
+// Valid indicates whether the value is a known member of the ServeModelFormat enum.
+func (e ServeModelFormat) Valid() bool {
+	switch e {
+	case Gguf:
+		return true
+	case Safetensors:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for OpenAIModels200JSONResponseBodyDataObject.
+const (
+	Model OpenAIModels200JSONResponseBodyDataObject = "model"
+)
+
+// Valid indicates whether the value is a known member of the OpenAIModels200JSONResponseBodyDataObject enum.
+func (e OpenAIModels200JSONResponseBodyDataObject) Valid() bool {
+	switch e {
+	case Model:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for OpenAIModels200JSONResponseBodyObject.
+const (
+	List OpenAIModels200JSONResponseBodyObject = "list"
+)
+
+// Valid indicates whether the value is a known member of the OpenAIModels200JSONResponseBodyObject enum.
+func (e OpenAIModels200JSONResponseBodyObject) Valid() bool {
+	switch e {
+	case List:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ReportJobExit200JSONResponseBodyStatus.
 const (
 	Ignored  ReportJobExit200JSONResponseBodyStatus = "ignored"
@@ -320,6 +389,23 @@ type Constraints struct {
 
 // ConstraintsVendor defines model for Constraints.Vendor.
 type ConstraintsVendor string
+
+// Deployment a serving lease's state and what the endpoint routed to it (not stored; starting again after the server restarts)
+type Deployment struct {
+	// Reason the last readiness check's failure
+	Reason *string         `json:"reason,omitempty"`
+	Since  time.Time       `json:"since"`
+	State  DeploymentState `json:"state"`
+	Usage  struct {
+		CompletionTokens int64 `json:"completion_tokens"`
+		Errors           int64 `json:"errors"`
+		PromptTokens     int64 `json:"prompt_tokens"`
+		Requests         int64 `json:"requests"`
+	} `json:"usage"`
+}
+
+// DeploymentState defines model for Deployment.State.
+type DeploymentState string
 
 // Device one allocatable unit on a node (a GPU or a MIG instance)
 type Device struct {
@@ -578,11 +664,14 @@ type JoinTokenRequest struct {
 // Lease GPUs granted (or asked for) for a time
 type Lease struct {
 	// Allocations set once granted
-	Allocations    *[]Allocation `json:"allocations,omitempty"`
-	CreatedAt      time.Time     `json:"created_at"`
-	EndedAt        *time.Time    `json:"ended_at,omitempty"`
-	EndsAt         *time.Time    `json:"ends_at,omitempty"`
-	EstimatedStart *time.Time    `json:"estimated_start,omitempty"`
+	Allocations *[]Allocation `json:"allocations,omitempty"`
+	CreatedAt   time.Time     `json:"created_at"`
+
+	// Deployment a serving lease's state and what the endpoint routed to it (not stored; starting again after the server restarts)
+	Deployment     *Deployment `json:"deployment,omitempty"`
+	EndedAt        *time.Time  `json:"ended_at,omitempty"`
+	EndsAt         *time.Time  `json:"ends_at,omitempty"`
+	EstimatedStart *time.Time  `json:"estimated_start,omitempty"`
 
 	// GpusEquivalent the GPU equivalents the lease holds or asks for
 	GpusEquivalent float64    `json:"gpus_equivalent"`
@@ -666,6 +755,9 @@ type LeaseRequest struct {
 	// Resources host limits for each job (cgroup v2 where the node has it)
 	Resources *Resources `json:"resources,omitempty"`
 
+	// Serve marks the lease as a model deployment (kiln serve): its job is the engine, reached through the OpenAI-compatible endpoint once ready answers 200
+	Serve *ServeSpec `json:"serve,omitempty"`
+
 	// TimeLimitS ends the lease; 0 or absent: the server's default, and at most the server's maximum
 	TimeLimitS *int `json:"time_limit_s,omitempty"`
 }
@@ -684,6 +776,25 @@ type Limits struct {
 	MaxLogBytesPerJob *int64 `json:"max_log_bytes_per_job,omitempty"`
 	MaxQueued         *int   `json:"max_queued,omitempty"`
 	MaxQueuedPerUser  *int   `json:"max_queued_per_user,omitempty"`
+}
+
+// ModelShape a transformer's shape, as kiln plan sizes it
+type ModelShape struct {
+	EncoderLayers   *int     `json:"encoder_layers,omitempty"`
+	Experts         *int     `json:"experts,omitempty"`
+	ExpertsPerToken *int     `json:"experts_per_token,omitempty"`
+	Ffn             int      `json:"ffn"`
+	Gated           *bool    `json:"gated,omitempty"`
+	HeadDim         *int     `json:"head_dim,omitempty"`
+	Heads           int      `json:"heads"`
+	Hidden          int      `json:"hidden"`
+	KvHeads         *int     `json:"kv_heads,omitempty"`
+	Layers          int      `json:"layers"`
+	MaxSeq          *int     `json:"max_seq,omitempty"`
+	Params          *float64 `json:"params,omitempty"`
+	Seq             int      `json:"seq"`
+	Tied            *bool    `json:"tied,omitempty"`
+	Vocab           int      `json:"vocab"`
 }
 
 // Name a project, user or node name: lowercase letters, digits, '.', '_' or '-', the first a letter or digit
@@ -725,6 +836,13 @@ type NodeList struct {
 
 // NodeState joining (no snapshot yet), ready, or lost (its agent stopped answering)
 type NodeState string
+
+// OpenAIRequest a request of OpenAI's API; kiln reads its model and stream fields and passes the rest
+type OpenAIRequest struct {
+	Model                string                 `json:"model"`
+	Stream               *bool                  `json:"stream,omitempty"`
+	AdditionalProperties map[string]interface{} `json:"-"`
+}
 
 // Project a project with its usage
 type Project struct {
@@ -829,6 +947,104 @@ type Sandbox struct {
 	PidNamespace    bool      `json:"pid_namespace"`
 	PrivateTmp      bool      `json:"private_tmp"`
 	User            string    `json:"user"`
+}
+
+// ServeChoice defines model for ServeChoice.
+type ServeChoice struct {
+	Batch         int      `json:"batch"`
+	CapacityBytes float64  `json:"capacity_bytes"`
+	Command       []string `json:"command"`
+	Context       int      `json:"context"`
+	Engine        string   `json:"engine"`
+	Gpus          int      `json:"gpus"`
+
+	// Image absent for an engine run as a process
+	Image             *string   `json:"image,omitempty"`
+	Island            []int     `json:"island"`
+	Link              string    `json:"link"`
+	MemoryPerGpuBytes float64   `json:"memory_per_gpu_bytes"`
+	Node              string    `json:"node"`
+	Notes             *[]string `json:"notes,omitempty"`
+	Port              int       `json:"port"`
+	Ready             string    `json:"ready"`
+	Verdict           string    `json:"verdict"`
+	VerdictFrom       string    `json:"verdict_from"`
+}
+
+// ServeChooseReply defines model for ServeChooseReply.
+type ServeChooseReply struct {
+	Best    ServeChoice    `json:"best"`
+	Others  *[]ServeChoice `json:"others,omitempty"`
+	Skipped *[]string      `json:"skipped,omitempty"`
+}
+
+// ServeChooseRequest defines model for ServeChooseRequest.
+type ServeChooseRequest struct {
+	// Batch sequences at once; absent is 8
+	Batch *int `json:"batch,omitempty"`
+
+	// Command the engine's command, with {model}, {model_file}, {name}, {port}, {tp} and {context} filled; alone, it runs as a process on the node
+	Command *[]string `json:"command,omitempty"`
+
+	// Context tokens a sequence; absent takes the model's, at most 8192
+	Context *int `json:"context,omitempty"`
+
+	// Engine an engine of kiln's catalogue; absent lets kiln choose
+	Engine *string `json:"engine,omitempty"`
+
+	// Gpus the tensor-parallel degree; absent sizes it
+	Gpus *int `json:"gpus,omitempty"`
+
+	// Image the caller's own engine image (with port and ready)
+	Image *string `json:"image,omitempty"`
+
+	// Model what kiln serve read of a model where it lies
+	Model ServeModel `json:"model"`
+	Port  *int       `json:"port,omitempty"`
+
+	// Process run the catalogue engine's command on the node, where it is installed, instead of its image
+	Process *bool   `json:"process,omitempty"`
+	Ready   *string `json:"ready,omitempty"`
+}
+
+// ServeModel what kiln serve read of a model where it lies
+type ServeModel struct {
+	// File its one weights file (GGUF)
+	File   *string          `json:"file,omitempty"`
+	Format ServeModelFormat `json:"format"`
+
+	// Name the name clients will ask for
+	Name string `json:"name"`
+
+	// Path its folder or GGUF file, absolute, as the nodes see it
+	Path string `json:"path"`
+
+	// Precision bf16, fp16, fp32, fp8; absent: bf16
+	Precision *string `json:"precision,omitempty"`
+
+	// Shape a transformer's shape, as kiln plan sizes it
+	Shape        *ModelShape `json:"shape,omitempty"`
+	WeightsBytes int64       `json:"weights_bytes"`
+}
+
+// ServeModelFormat defines model for ServeModel.Format.
+type ServeModelFormat string
+
+// ServeSpec marks the lease as a model deployment (kiln serve): its job is the engine, reached through the OpenAI-compatible endpoint once ready answers 200
+type ServeSpec struct {
+	Engine *string `json:"engine,omitempty"`
+
+	// Model the name clients ask for; one user's leases of one name in a project are replicas, and another member cannot take it
+	Model string `json:"model"`
+
+	// Port one of the job's declared ports
+	Port int `json:"port"`
+
+	// Ready the readiness path, "/health"
+	Ready string `json:"ready"`
+
+	// Source where the model was read from
+	Source *string `json:"source,omitempty"`
 }
 
 // SessionOrder a session an agent is asked to open, and who opened it
@@ -996,6 +1212,16 @@ type Forbidden = Error
 // NotFound the body of every error answer
 type NotFound = Error
 
+// OpenAIError defines model for OpenAIError.
+type OpenAIError struct {
+	Error struct {
+		Code    *string `json:"code,omitempty"`
+		Message string  `json:"message"`
+		Param   *string `json:"param,omitempty"`
+		Type    string  `json:"type"`
+	} `json:"error"`
+}
+
 // Timeout the body of every error answer
 type Timeout = Error
 
@@ -1010,6 +1236,12 @@ type Unauthorized = Error
 
 // Unavailable the body of every error answer
 type Unavailable = Error
+
+// OpenAIModels200JSONResponseBodyDataObject defines parameters for OpenAIModels.
+type OpenAIModels200JSONResponseBodyDataObject string
+
+// OpenAIModels200JSONResponseBodyObject defines parameters for OpenAIModels.
+type OpenAIModels200JSONResponseBodyObject string
 
 // ReportJobExit200JSONResponseBodyStatus defines parameters for ReportJobExit.
 type ReportJobExit200JSONResponseBodyStatus string
@@ -1074,6 +1306,15 @@ type OpenSessionParams struct {
 	Rank *int `form:"rank,omitempty" json:"rank,omitempty"`
 }
 
+// OpenAIChatCompletionsJSONRequestBody defines body for OpenAIChatCompletions for application/json ContentType.
+type OpenAIChatCompletionsJSONRequestBody = OpenAIRequest
+
+// OpenAICompletionsJSONRequestBody defines body for OpenAICompletions for application/json ContentType.
+type OpenAICompletionsJSONRequestBody = OpenAIRequest
+
+// OpenAIEmbeddingsJSONRequestBody defines body for OpenAIEmbeddings for application/json ContentType.
+type OpenAIEmbeddingsJSONRequestBody = OpenAIRequest
+
 // RegisterNodeJSONRequestBody defines body for RegisterNode for application/json ContentType.
 type RegisterNodeJSONRequestBody = RegisterRequest
 
@@ -1101,8 +1342,92 @@ type DrainNodeJSONRequestBody = DrainRequest
 // PutProjectJSONRequestBody defines body for PutProject for application/json ContentType.
 type PutProjectJSONRequestBody = ProjectSpec
 
+// ServeChooseJSONRequestBody defines body for ServeChoose for application/json ContentType.
+type ServeChooseJSONRequestBody = ServeChooseRequest
+
 // CreateTokenJSONRequestBody defines body for CreateToken for application/json ContentType.
 type CreateTokenJSONRequestBody = TokenRequest
+
+// Getter for additional properties for OpenAIRequest. Returns the specified
+// element and whether it was found
+func (a OpenAIRequest) Get(fieldName string) (value interface{}, found bool) {
+	if a.AdditionalProperties != nil {
+		value, found = a.AdditionalProperties[fieldName]
+	}
+	return
+}
+
+// Setter for additional properties for OpenAIRequest
+func (a *OpenAIRequest) Set(fieldName string, value interface{}) {
+	if a.AdditionalProperties == nil {
+		a.AdditionalProperties = make(map[string]interface{})
+	}
+	a.AdditionalProperties[fieldName] = value
+}
+
+// Override default JSON handling for OpenAIRequest to handle AdditionalProperties
+func (a *OpenAIRequest) UnmarshalJSON(b []byte) error {
+	object := make(map[string]json.RawMessage)
+	err := json.Unmarshal(b, &object)
+	if err != nil {
+		return err
+	}
+
+	if raw, found := object["model"]; found {
+		err = json.Unmarshal(raw, &a.Model)
+		if err != nil {
+			return fmt.Errorf("error reading 'model': %w", err)
+		}
+		delete(object, "model")
+	}
+
+	if raw, found := object["stream"]; found {
+		err = json.Unmarshal(raw, &a.Stream)
+		if err != nil {
+			return fmt.Errorf("error reading 'stream': %w", err)
+		}
+		delete(object, "stream")
+	}
+
+	if len(object) != 0 {
+		a.AdditionalProperties = make(map[string]interface{})
+		for fieldName, fieldBuf := range object {
+			var fieldVal interface{}
+			err := json.Unmarshal(fieldBuf, &fieldVal)
+			if err != nil {
+				return fmt.Errorf("error unmarshaling field %s: %w", fieldName, err)
+			}
+			a.AdditionalProperties[fieldName] = fieldVal
+		}
+	}
+	return nil
+}
+
+// Override default JSON handling for OpenAIRequest to handle AdditionalProperties
+func (a OpenAIRequest) MarshalJSON() ([]byte, error) {
+	var err error
+	object := make(map[string]json.RawMessage)
+
+	object["model"], err = json.Marshal(a.Model)
+	if err != nil {
+		return nil, fmt.Errorf("error marshaling 'model': %w", err)
+	}
+
+	if a.Stream != nil {
+		object["stream"], err = json.Marshal(a.Stream)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'stream': %w", err)
+		}
+	}
+
+	for fieldName, field := range a.AdditionalProperties {
+		object[fieldName], err = json.Marshal(field)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling '%s': %w", fieldName, err)
+		}
+	}
+	return json.Marshal(object)
+}
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -1193,6 +1518,104 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenAIChatCompletionsWithBody A chat completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+	OpenAIChatCompletionsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenAIChatCompletions A chat completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+	OpenAIChatCompletions(ctx context.Context, body OpenAIChatCompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenAICompletionsWithBody A text completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+	OpenAICompletionsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenAICompletions A text completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+	OpenAICompletions(ctx context.Context, body OpenAICompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenAIEmbeddingsWithBody Embeddings from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+	OpenAIEmbeddingsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenAIEmbeddings Embeddings from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+	OpenAIEmbeddings(ctx context.Context, body OpenAIEmbeddingsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenAIModels The models the caller can ask for (OpenAI API)
+	//
+	// The names ready deployments of the caller's projects serve, once
+	// each, in OpenAI's list shape.
+	//
+	// Corresponds with GET /openai/v1/models (the `OpenAIModels` operationId).
+	OpenAIModels(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RegisterNodeWithBody An agent sends its snapshot and findings
 	//
@@ -1607,6 +2030,38 @@ type ClientInterface interface {
 	// Corresponds with PUT /v1/projects/{name} (the `PutProject` operationId).
 	PutProject(ctx context.Context, name Name, body PutProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ServeChooseWithBody How the server's nodes would serve a model
+	//
+	// The engine, image, node and GPUs kiln serve would take for the model:
+	// engines of kiln's catalogue (or the caller's own image or command)
+	// that serve its format, images kiln compat does not find failing on
+	// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+	// that hold its weights, the KV cache of batch sequences of context
+	// tokens and the working set. The engine's command comes filled. 422
+	// when nothing serves it, with what is missing on each node. Nothing
+	// is leased.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+	ServeChooseWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ServeChoose How the server's nodes would serve a model
+	//
+	// The engine, image, node and GPUs kiln serve would take for the model:
+	// engines of kiln's catalogue (or the caller's own image or command)
+	// that serve its format, images kiln compat does not find failing on
+	// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+	// that hold its weights, the KV cache of batch sequences of context
+	// tokens and the working set. The engine's command comes filled. 422
+	// when nothing serves it, with what is missing on each node. Nothing
+	// is leased.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+	ServeChoose(ctx context.Context, body ServeChooseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListTokens API tokens (admins: all; members: their own)
 	//
 	// The tokens without their secrets, oldest first.
@@ -1702,6 +2157,174 @@ func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
 func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetMetricsRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenAIChatCompletionsWithBody A chat completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+func (c *Client) OpenAIChatCompletionsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenAIChatCompletionsRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenAIChatCompletions A chat completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+func (c *Client) OpenAIChatCompletions(ctx context.Context, body OpenAIChatCompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenAIChatCompletionsRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenAICompletionsWithBody A text completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+func (c *Client) OpenAICompletionsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenAICompletionsRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenAICompletions A text completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+func (c *Client) OpenAICompletions(ctx context.Context, body OpenAICompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenAICompletionsRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenAIEmbeddingsWithBody Embeddings from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+func (c *Client) OpenAIEmbeddingsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenAIEmbeddingsRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenAIEmbeddings Embeddings from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+func (c *Client) OpenAIEmbeddings(ctx context.Context, body OpenAIEmbeddingsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenAIEmbeddingsRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenAIModels The models the caller can ask for (OpenAI API)
+//
+// The names ready deployments of the caller's projects serve, once
+// each, in OpenAI's list shape.
+//
+// Corresponds with GET /openai/v1/models (the `OpenAIModels` operationId).
+func (c *Client) OpenAIModels(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenAIModelsRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -2545,6 +3168,58 @@ func (c *Client) PutProject(ctx context.Context, name Name, body PutProjectJSONR
 	return c.Client.Do(req)
 }
 
+// ServeChooseWithBody How the server's nodes would serve a model
+//
+// The engine, image, node and GPUs kiln serve would take for the model:
+// engines of kiln's catalogue (or the caller's own image or command)
+// that serve its format, images kiln compat does not find failing on
+// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+// that hold its weights, the KV cache of batch sequences of context
+// tokens and the working set. The engine's command comes filled. 422
+// when nothing serves it, with what is missing on each node. Nothing
+// is leased.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+func (c *Client) ServeChooseWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewServeChooseRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ServeChoose How the server's nodes would serve a model
+//
+// The engine, image, node and GPUs kiln serve would take for the model:
+// engines of kiln's catalogue (or the caller's own image or command)
+// that serve its format, images kiln compat does not find failing on
+// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+// that hold its weights, the KV cache of batch sequences of context
+// tokens and the working set. The engine's command comes filled. 422
+// when nothing serves it, with what is missing on each node. Nothing
+// is leased.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+func (c *Client) ServeChoose(ctx context.Context, body ServeChooseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewServeChooseRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListTokens API tokens (admins: all; members: their own)
 //
 // The tokens without their secrets, oldest first.
@@ -2730,6 +3405,153 @@ func NewGetMetricsRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/metrics")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewOpenAIChatCompletionsRequest calls the generic OpenAIChatCompletions builder with application/json body
+func NewOpenAIChatCompletionsRequest(server string, body OpenAIChatCompletionsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewOpenAIChatCompletionsRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewOpenAIChatCompletionsRequestWithBody constructs an http.Request for the OpenAIChatCompletions method, with any body, and a specified content type
+func NewOpenAIChatCompletionsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/openai/v1/chat/completions")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewOpenAICompletionsRequest calls the generic OpenAICompletions builder with application/json body
+func NewOpenAICompletionsRequest(server string, body OpenAICompletionsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewOpenAICompletionsRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewOpenAICompletionsRequestWithBody constructs an http.Request for the OpenAICompletions method, with any body, and a specified content type
+func NewOpenAICompletionsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/openai/v1/completions")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewOpenAIEmbeddingsRequest calls the generic OpenAIEmbeddings builder with application/json body
+func NewOpenAIEmbeddingsRequest(server string, body OpenAIEmbeddingsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewOpenAIEmbeddingsRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewOpenAIEmbeddingsRequestWithBody constructs an http.Request for the OpenAIEmbeddings method, with any body, and a specified content type
+func NewOpenAIEmbeddingsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/openai/v1/embeddings")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewOpenAIModelsRequest constructs an http.Request for the OpenAIModels method
+func NewOpenAIModelsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/openai/v1/models")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -4310,6 +5132,46 @@ func NewPutProjectRequestWithBody(server string, name Name, contentType string, 
 	return req, nil
 }
 
+// NewServeChooseRequest calls the generic ServeChoose builder with application/json body
+func NewServeChooseRequest(server string, body ServeChooseJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewServeChooseRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewServeChooseRequestWithBody constructs an http.Request for the ServeChoose method, with any body, and a specified content type
+func NewServeChooseRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/serve/choose")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewListTokensRequest constructs an http.Request for the ListTokens method
 func NewListTokensRequest(server string) (*http.Request, error) {
 	var err error
@@ -4589,6 +5451,106 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error)
+
+	// OpenAIChatCompletionsWithBodyWithResponse A chat completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+	OpenAIChatCompletionsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenAIChatCompletionsResponse, error)
+
+	// OpenAIChatCompletionsWithResponse A chat completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+	OpenAIChatCompletionsWithResponse(ctx context.Context, body OpenAIChatCompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*OpenAIChatCompletionsResponse, error)
+
+	// OpenAICompletionsWithBodyWithResponse A text completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+	OpenAICompletionsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenAICompletionsResponse, error)
+
+	// OpenAICompletionsWithResponse A text completion from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+	OpenAICompletionsWithResponse(ctx context.Context, body OpenAICompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*OpenAICompletionsResponse, error)
+
+	// OpenAIEmbeddingsWithBodyWithResponse Embeddings from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+	OpenAIEmbeddingsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenAIEmbeddingsResponse, error)
+
+	// OpenAIEmbeddingsWithResponse Embeddings from a deployed model (OpenAI API)
+	//
+	// OpenAI's API, routed by the request's model field to a ready replica
+	// of a deployment one of the caller's projects serves (kiln serve),
+	// with kiln's token as the API key. The body passes to the engine as
+	// it is, at most 16 MiB; a streamed request (stream true) without
+	// stream_options gets include_usage, so that its tokens are counted.
+	// The engine's answer passes back as it comes (server-sent events for
+	// a stream). Errors are in OpenAI's shape.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+	OpenAIEmbeddingsWithResponse(ctx context.Context, body OpenAIEmbeddingsJSONRequestBody, reqEditors ...RequestEditorFn) (*OpenAIEmbeddingsResponse, error)
+
+	// OpenAIModelsWithResponse The models the caller can ask for (OpenAI API)
+	//
+	// The names ready deployments of the caller's projects serve, once
+	// each, in OpenAI's list shape.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /openai/v1/models (the `OpenAIModels` operationId).
+	OpenAIModelsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenAIModelsResponse, error)
 
 	// RegisterNodeWithBodyWithResponse An agent sends its snapshot and findings
 	//
@@ -5037,6 +5999,38 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PUT /v1/projects/{name} (the `PutProject` operationId).
 	PutProjectWithResponse(ctx context.Context, name Name, body PutProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProjectResponse, error)
 
+	// ServeChooseWithBodyWithResponse How the server's nodes would serve a model
+	//
+	// The engine, image, node and GPUs kiln serve would take for the model:
+	// engines of kiln's catalogue (or the caller's own image or command)
+	// that serve its format, images kiln compat does not find failing on
+	// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+	// that hold its weights, the KV cache of batch sequences of context
+	// tokens and the working set. The engine's command comes filled. 422
+	// when nothing serves it, with what is missing on each node. Nothing
+	// is leased.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+	ServeChooseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ServeChooseResponse, error)
+
+	// ServeChooseWithResponse How the server's nodes would serve a model
+	//
+	// The engine, image, node and GPUs kiln serve would take for the model:
+	// engines of kiln's catalogue (or the caller's own image or command)
+	// that serve its format, images kiln compat does not find failing on
+	// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+	// that hold its weights, the KV cache of batch sequences of context
+	// tokens and the working set. The engine's command comes filled. 422
+	// when nothing serves it, with what is missing on each node. Nothing
+	// is leased.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+	ServeChooseWithResponse(ctx context.Context, body ServeChooseJSONRequestBody, reqEditors ...RequestEditorFn) (*ServeChooseResponse, error)
+
 	// ListTokensWithResponse API tokens (admins: all; members: their own)
 	//
 	// The tokens without their secrets, oldest first.
@@ -5250,6 +6244,407 @@ func (r GetMetricsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetMetricsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// OpenAIChatCompletionsResponse429Headers the declared response headers of an HTTP 429 response for OpenAIChatCompletions
+type OpenAIChatCompletionsResponse429Headers struct {
+	RetryAfter *int
+}
+
+type OpenAIChatCompletionsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *map[string]interface{}
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *OpenAIError
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpenAIError
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *OpenAIError
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *OpenAIError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *OpenAIError
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *OpenAIChatCompletionsResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON200() *map[string]interface{} {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON400() *OpenAIError {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON404() *OpenAIError {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON413() *OpenAIError {
+	return r.JSON413
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON502() *OpenAIError {
+	return r.JSON502
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSON503() *OpenAIError {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r OpenAIChatCompletionsResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r OpenAIChatCompletionsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OpenAIChatCompletionsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OpenAIChatCompletionsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OpenAIChatCompletionsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// OpenAICompletionsResponse429Headers the declared response headers of an HTTP 429 response for OpenAICompletions
+type OpenAICompletionsResponse429Headers struct {
+	RetryAfter *int
+}
+
+type OpenAICompletionsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *map[string]interface{}
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *OpenAIError
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpenAIError
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *OpenAIError
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *OpenAIError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *OpenAIError
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *OpenAICompletionsResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON200() *map[string]interface{} {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON400() *OpenAIError {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON404() *OpenAIError {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON413() *OpenAIError {
+	return r.JSON413
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON502() *OpenAIError {
+	return r.JSON502
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r OpenAICompletionsResponse) GetJSON503() *OpenAIError {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r OpenAICompletionsResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r OpenAICompletionsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OpenAICompletionsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OpenAICompletionsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OpenAICompletionsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// OpenAIEmbeddingsResponse429Headers the declared response headers of an HTTP 429 response for OpenAIEmbeddings
+type OpenAIEmbeddingsResponse429Headers struct {
+	RetryAfter *int
+}
+
+type OpenAIEmbeddingsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *map[string]interface{}
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *OpenAIError
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpenAIError
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *OpenAIError
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *OpenAIError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *OpenAIError
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *OpenAIEmbeddingsResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON200() *map[string]interface{} {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON400() *OpenAIError {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON404() *OpenAIError {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON413() *OpenAIError {
+	return r.JSON413
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON502() *OpenAIError {
+	return r.JSON502
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSON503() *OpenAIError {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r OpenAIEmbeddingsResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r OpenAIEmbeddingsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OpenAIEmbeddingsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OpenAIEmbeddingsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OpenAIEmbeddingsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// OpenAIModelsResponse429Headers the declared response headers of an HTTP 429 response for OpenAIModels
+type OpenAIModelsResponse429Headers struct {
+	RetryAfter *int
+}
+
+type OpenAIModelsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *struct {
+		Data []struct {
+			Created int64                                     `json:"created"`
+			ID      string                                    `json:"id"`
+			Object  OpenAIModels200JSONResponseBodyDataObject `json:"object"`
+
+			// OwnedBy the project that serves it
+			OwnedBy string `json:"owned_by"`
+		} `json:"data"`
+		Object OpenAIModels200JSONResponseBodyObject `json:"object"`
+	}
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *OpenAIModelsResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r OpenAIModelsResponse) GetJSON200() *struct {
+	Data []struct {
+		Created int64                                     `json:"created"`
+		ID      string                                    `json:"id"`
+		Object  OpenAIModels200JSONResponseBodyDataObject `json:"object"`
+
+		// OwnedBy the project that serves it
+		OwnedBy string `json:"owned_by"`
+	} `json:"data"`
+	Object OpenAIModels200JSONResponseBodyObject `json:"object"`
+} {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r OpenAIModelsResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r OpenAIModelsResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r OpenAIModelsResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r OpenAIModelsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OpenAIModelsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OpenAIModelsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OpenAIModelsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8311,6 +9706,89 @@ func (r PutProjectResponse) ContentType() string {
 	return ""
 }
 
+// ServeChooseResponse429Headers the declared response headers of an HTTP 429 response for ServeChoose
+type ServeChooseResponse429Headers struct {
+	RetryAfter *int
+}
+
+type ServeChooseResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ServeChooseReply
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ServeChooseResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ServeChooseResponse) GetJSON200() *ServeChooseReply {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ServeChooseResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ServeChooseResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ServeChooseResponse) GetJSON422() *Error {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ServeChooseResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ServeChooseResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ServeChooseResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ServeChooseResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ServeChooseResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ServeChooseResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListTokensResponse429Headers the declared response headers of an HTTP 429 response for ListTokens
 type ListTokensResponse429Headers struct {
 	RetryAfter *int
@@ -8968,6 +10446,148 @@ func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, reqEdi
 		return nil, err
 	}
 	return ParseGetMetricsResponse(rsp)
+}
+
+// OpenAIChatCompletionsWithBodyWithResponse A chat completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+func (c *ClientWithResponses) OpenAIChatCompletionsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenAIChatCompletionsResponse, error) {
+	rsp, err := c.OpenAIChatCompletionsWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenAIChatCompletionsResponse(rsp)
+}
+
+// OpenAIChatCompletionsWithResponse A chat completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /openai/v1/chat/completions (the `OpenAIChatCompletions` operationId).
+func (c *ClientWithResponses) OpenAIChatCompletionsWithResponse(ctx context.Context, body OpenAIChatCompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*OpenAIChatCompletionsResponse, error) {
+	rsp, err := c.OpenAIChatCompletions(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenAIChatCompletionsResponse(rsp)
+}
+
+// OpenAICompletionsWithBodyWithResponse A text completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+func (c *ClientWithResponses) OpenAICompletionsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenAICompletionsResponse, error) {
+	rsp, err := c.OpenAICompletionsWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenAICompletionsResponse(rsp)
+}
+
+// OpenAICompletionsWithResponse A text completion from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /openai/v1/completions (the `OpenAICompletions` operationId).
+func (c *ClientWithResponses) OpenAICompletionsWithResponse(ctx context.Context, body OpenAICompletionsJSONRequestBody, reqEditors ...RequestEditorFn) (*OpenAICompletionsResponse, error) {
+	rsp, err := c.OpenAICompletions(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenAICompletionsResponse(rsp)
+}
+
+// OpenAIEmbeddingsWithBodyWithResponse Embeddings from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+func (c *ClientWithResponses) OpenAIEmbeddingsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*OpenAIEmbeddingsResponse, error) {
+	rsp, err := c.OpenAIEmbeddingsWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenAIEmbeddingsResponse(rsp)
+}
+
+// OpenAIEmbeddingsWithResponse Embeddings from a deployed model (OpenAI API)
+//
+// OpenAI's API, routed by the request's model field to a ready replica
+// of a deployment one of the caller's projects serves (kiln serve),
+// with kiln's token as the API key. The body passes to the engine as
+// it is, at most 16 MiB; a streamed request (stream true) without
+// stream_options gets include_usage, so that its tokens are counted.
+// The engine's answer passes back as it comes (server-sent events for
+// a stream). Errors are in OpenAI's shape.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /openai/v1/embeddings (the `OpenAIEmbeddings` operationId).
+func (c *ClientWithResponses) OpenAIEmbeddingsWithResponse(ctx context.Context, body OpenAIEmbeddingsJSONRequestBody, reqEditors ...RequestEditorFn) (*OpenAIEmbeddingsResponse, error) {
+	rsp, err := c.OpenAIEmbeddings(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenAIEmbeddingsResponse(rsp)
+}
+
+// OpenAIModelsWithResponse The models the caller can ask for (OpenAI API)
+//
+// The names ready deployments of the caller's projects serve, once
+// each, in OpenAI's list shape.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /openai/v1/models (the `OpenAIModels` operationId).
+func (c *ClientWithResponses) OpenAIModelsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenAIModelsResponse, error) {
+	rsp, err := c.OpenAIModels(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenAIModelsResponse(rsp)
 }
 
 // RegisterNodeWithBodyWithResponse An agent sends its snapshot and findings
@@ -9669,6 +11289,50 @@ func (c *ClientWithResponses) PutProjectWithResponse(ctx context.Context, name N
 	return ParsePutProjectResponse(rsp)
 }
 
+// ServeChooseWithBodyWithResponse How the server's nodes would serve a model
+//
+// The engine, image, node and GPUs kiln serve would take for the model:
+// engines of kiln's catalogue (or the caller's own image or command)
+// that serve its format, images kiln compat does not find failing on
+// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+// that hold its weights, the KV cache of batch sequences of context
+// tokens and the working set. The engine's command comes filled. 422
+// when nothing serves it, with what is missing on each node. Nothing
+// is leased.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+func (c *ClientWithResponses) ServeChooseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ServeChooseResponse, error) {
+	rsp, err := c.ServeChooseWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseServeChooseResponse(rsp)
+}
+
+// ServeChooseWithResponse How the server's nodes would serve a model
+//
+// The engine, image, node and GPUs kiln serve would take for the model:
+// engines of kiln's catalogue (or the caller's own image or command)
+// that serve its format, images kiln compat does not find failing on
+// the node's driver, and the fewest GPUs of one NVLink or xGMI island
+// that hold its weights, the KV cache of batch sequences of context
+// tokens and the working set. The engine's command comes filled. 422
+// when nothing serves it, with what is missing on each node. Nothing
+// is leased.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
+func (c *ClientWithResponses) ServeChooseWithResponse(ctx context.Context, body ServeChooseJSONRequestBody, reqEditors ...RequestEditorFn) (*ServeChooseResponse, error) {
+	rsp, err := c.ServeChoose(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseServeChooseResponse(rsp)
+}
+
 // ListTokensWithResponse API tokens (admins: all; members: their own)
 //
 // The tokens without their secrets, oldest first.
@@ -9904,6 +11568,370 @@ func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
 	switch {
 	case rsp.StatusCode == 429:
 		var headers GetMetricsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseOpenAIChatCompletionsResponse parses an HTTP response from a OpenAIChatCompletionsWithResponse call
+func ParseOpenAIChatCompletionsResponse(rsp *http.Response) (*OpenAIChatCompletionsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &OpenAIChatCompletionsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest map[string]interface{}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	case rsp.StatusCode == 200:
+		// Content-type (text/event-stream) unsupported
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers OpenAIChatCompletionsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseOpenAICompletionsResponse parses an HTTP response from a OpenAICompletionsWithResponse call
+func ParseOpenAICompletionsResponse(rsp *http.Response) (*OpenAICompletionsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &OpenAICompletionsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest map[string]interface{}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	case rsp.StatusCode == 200:
+		// Content-type (text/event-stream) unsupported
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers OpenAICompletionsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseOpenAIEmbeddingsResponse parses an HTTP response from a OpenAIEmbeddingsWithResponse call
+func ParseOpenAIEmbeddingsResponse(rsp *http.Response) (*OpenAIEmbeddingsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &OpenAIEmbeddingsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest map[string]interface{}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest OpenAIError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	case rsp.StatusCode == 200:
+		// Content-type (text/event-stream) unsupported
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers OpenAIEmbeddingsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseOpenAIModelsResponse parses an HTTP response from a OpenAIModelsWithResponse call
+func ParseOpenAIModelsResponse(rsp *http.Response) (*OpenAIModelsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &OpenAIModelsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest struct {
+			Data []struct {
+				Created int64                                     `json:"created"`
+				ID      string                                    `json:"id"`
+				Object  OpenAIModels200JSONResponseBodyDataObject `json:"object"`
+
+				// OwnedBy the project that serves it
+				OwnedBy string `json:"owned_by"`
+			} `json:"data"`
+			Object OpenAIModels200JSONResponseBodyObject `json:"object"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers OpenAIModelsResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12624,6 +14652,80 @@ func ParsePutProjectResponse(rsp *http.Response) (*PutProjectResponse, error) {
 	switch {
 	case rsp.StatusCode == 429:
 		var headers PutProjectResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseServeChooseResponse parses an HTTP response from a ServeChooseWithResponse call
+func ParseServeChooseResponse(rsp *http.Response) (*ServeChooseResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ServeChooseResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ServeChooseReply
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ServeChooseResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -27,17 +27,12 @@ func TestHelperForwardJob(t *testing.T) {
 	t.Fatal(tunneltest.Serve())
 }
 
-// TestForward runs kiln up --demo and a separate kiln agent, starts a job
-// with a TCP echo and an HTTP server on each, and reaches them with kiln
-// forward: bytes both ways checked by hash, curl (or Go's client) for
-// HTTP; another project's member is refused; the lease's end ends the
-// forward.
-func TestForward(t *testing.T) {
-	e := setupSecurity(t)
-	// The job runs as a user of its own, with a /tmp of its own but for
-	// its working directory: this test binary goes there, where that user
-	// may run it.
-	dir, err := os.MkdirTemp("", "kiln-forward-job-")
+// jobBinary copies this test binary where a job can run it: a job runs as
+// a user of its own, with a /tmp of its own but for its working directory,
+// which dir is.
+func jobBinary(t *testing.T) (dir, bin string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kiln-job-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,10 +44,21 @@ func TestForward(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := filepath.Join(dir, "job")
-	if err := os.WriteFile(job, self, 0o755); err != nil {
+	bin = filepath.Join(dir, "job")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return dir, bin
+}
+
+// TestForward runs kiln up --demo and a separate kiln agent, starts a job
+// with a TCP echo and an HTTP server on each, and reaches them with kiln
+// forward: bytes both ways checked by hash, curl (or Go's client) for
+// HTTP; another project's member is refused; the lease's end ends the
+// forward.
+func TestForward(t *testing.T) {
+	e := setupSecurity(t)
+	dir, job := jobBinary(t)
 	for _, node := range []string{"extra", "demo-hgx-h100"} {
 		t.Run(node, func(t *testing.T) {
 			ports, err := tunneltest.FreePorts(4)

@@ -28,6 +28,22 @@ const maxEntries = 100_000
 // (sharded or not), a folder with one *.gguf, or a *.gguf file. name is
 // what clients will ask for; "" takes the folder's or file's name.
 func Read(path, name string) (serving.Model, error) {
+	m, err := read(path, name)
+	if err != nil {
+		return m, err
+	}
+	if m.Path, err = filepath.Abs(path); err != nil {
+		return serving.Model{}, fmt.Errorf("model %s: %w", path, err)
+	}
+	if m.File != "" {
+		if m.File, err = filepath.Abs(m.File); err != nil {
+			return serving.Model{}, fmt.Errorf("model %s: %w", path, err)
+		}
+	}
+	return m, nil
+}
+
+func read(path, name string) (serving.Model, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return serving.Model{}, fmt.Errorf("model %s: %w", path, err)
@@ -142,7 +158,7 @@ func readGGUF(path, name string, size int64) (serving.Model, error) {
 	if err != nil {
 		return serving.Model{}, fmt.Errorf("model %s: %w", path, err)
 	}
-	m := serving.Model{Name: name, Format: serving.FormatGGUF, WeightsBytes: size}
+	m := serving.Model{Name: name, Format: serving.FormatGGUF, WeightsBytes: size, File: path}
 	if arch, err := g.Model(); err == nil {
 		m.Arch = &arch
 	}

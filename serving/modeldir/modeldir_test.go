@@ -94,7 +94,7 @@ func TestReadSafetensorsFolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Format != serving.FormatSafetensors || m.Arch == nil || m.Arch.Experts != 8 || m.WeightsBytes != 8<<30 || m.Name != "mixtral" || m.Precision != "bf16" {
+	if m.Format != serving.FormatSafetensors || m.Arch == nil || m.Arch.Experts != 8 || m.WeightsBytes != 8<<30 || m.Name != "mixtral" || m.Precision != "bf16" || m.Path != dir || m.File != "" {
 		t.Errorf("read %+v (arch %+v)", m, m.Arch)
 	}
 }
@@ -110,7 +110,7 @@ func TestReadGGUF(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.Format != serving.FormatGGUF || m.Arch == nil || m.Arch.Layers != 32 || m.WeightsBytes != int64(len(ggufHeader())) {
+		if m.Format != serving.FormatGGUF || m.Arch == nil || m.Arch.Layers != 32 || m.WeightsBytes != int64(len(ggufHeader())) || m.Path != path || m.File != p {
 			t.Errorf("%s: read %+v", path, m)
 		}
 	}

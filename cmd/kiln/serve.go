@@ -1,0 +1,484 @@
+//go:build !agentonly
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/plan"
+	"kiln.dev/kiln/serving"
+	"kiln.dev/kiln/serving/modeldir"
+	"kiln.dev/kiln/units"
+)
+
+func init() { addCommand(newServeCmd) }
+
+// serveLogLines is how much of a failed engine's log kiln serve prints.
+const serveLogLines = 20
+
+func newServeCmd() *cobra.Command {
+	var cf clientFlags
+	var project, name, engine, image, ready, workdir string
+	var port, ctxLen, batch, gpus int
+	var process, dryRun, detach bool
+	var wait, timeLimit time.Duration
+	cmd := &cobra.Command{
+		Use:   "serve MODEL [flags] [-- ENGINE COMMAND...]",
+		Short: "Deploy a model behind the server's OpenAI-compatible endpoint",
+		Long: `kiln serve deploys a model: it reads the model where it lies (a Hugging Face
+style folder of config.json and *.safetensors, or one GGUF file, on storage the
+GPU nodes share, at the same path), asks the server how its nodes would serve it,
+leases those GPUs, starts the engine there and waits until it answers ready.
+
+The server chooses from kiln's engine catalogue (vLLM, SGLang, TGI, llama.cpp's
+server): engines that serve the model's format, their images that kiln compat does
+not find failing on the node's driver (what kiln compat read of an image decides
+over the catalogue's CUDA or ROCm line), and the fewest GPUs of one NVLink or
+xGMI island that hold the weights, the KV cache of --batch sequences of --context
+tokens and the working set. --dry-run prints that choice and leases nothing.
+
+Your own engine: --image REF (with --port and --ready), or a command after --,
+run as a process on the node. In the engine's command kiln fills {model} (the
+folder or GGUF file), {model_file} (the GGUF file), {name}, {port}, {tp} (the
+GPUs) and {context}. --process runs a catalogue engine's own command on the node,
+where it is installed, instead of its image.
+
+Once ready, every member of the project reaches the model at
+SERVER/openai/v1 (chat/completions, completions, embeddings, models) with their
+kiln token as the API key and --name as the model. Deployments of one name by
+one user are replicas, taken in turn. 'kiln serve ls' lists deployments with
+their state and the requests and tokens routed to them; 'kiln serve stop NAME'
+ends them; 'kiln logs JOB' shows an engine's output.
+
+When the engine does not answer ready within --wait, or exits, kiln serve prints
+its last log lines and ends the lease.
+
+Exit codes: 0 ready (or --dry-run, --detach), 2 refused, failed or not ready in
+time, 3 when kiln could not ask or the model cannot be read.`,
+		Example: `  kiln serve /models/Meta-Llama-3-8B-Instruct
+  kiln serve /models/llama-3-70b --name llama-3-70b --context 16384 --batch 16
+  kiln serve /models/qwen2.5-7b-q4_k_m.gguf --dry-run
+  kiln serve /models/mistral-7b --engine vllm --process
+  kiln serve /models/phi-3.gguf --port 9000 -- /opt/bin/llama-server -m {model_file} --port {port} --alias {name}
+  kiln serve ls
+  kiln serve stop llama-3-70b
+
+  # then, from anywhere that reaches the server:
+  curl -H "Authorization: Bearer $KILN_TOKEN" https://gpu-head:7443/openai/v1/chat/completions \
+    -d '{"model":"llama-3-70b","messages":[{"role":"user","content":"Hello"}]}'`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var command []string
+			if at := cmd.ArgsLenAtDash(); at >= 0 {
+				command, args = args[at:], args[:at]
+			}
+			if len(args) != 1 {
+				return &exitError{code: 3, err: errors.New("give one model: a folder with config.json and *.safetensors, or a .gguf file")}
+			}
+			m, err := modeldir.Read(args[0], "")
+			if err != nil {
+				return &exitError{code: 3, err: err}
+			}
+			if name == "" {
+				name = serving.DefaultName(m.Name)
+			}
+			if err := serving.CheckName(name); err != nil {
+				return &exitError{code: 3, err: fmt.Errorf("--name: %w", err)}
+			}
+			m.Name = name
+			if (image != "" || len(command) > 0) && port == 0 {
+				return &exitError{code: 3, err: errors.New("your own engine needs --port, the port it listens on")}
+			}
+			c, cfg, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			stderr := cmd.ErrOrStderr()
+			creq := api.ServeChooseRequest{Model: apiModel(m), Engine: engine, Image: image, Command: command, Port: port,
+				Ready: ready, Process: process, Context: ctxLen, Batch: batch, GPUs: gpus}
+			if image == "" && len(command) == 0 {
+				creq.Port, creq.Ready = 0, ""
+			}
+			choice, err := c.ServeChoose(ctx, creq)
+			if err != nil {
+				var ae *api.Error
+				if errors.As(err, &ae) && ae.Status == 422 {
+					return &exitError{code: 2, err: errors.New(printableLines(ae.Message))}
+				}
+				return apiErr(err)
+			}
+			if dryRun {
+				if cf.structured() {
+					return writeStructured(cmd.OutOrStdout(), cf.format, choice)
+				}
+				writeServeChoice(cmd.OutOrStdout(), name, m, choice)
+				return nil
+			}
+			b := choice.Best
+			fmt.Fprintf(stderr, "kiln: %s on %s: %s\n", printable(name), printable(b.Node), choiceLine(b))
+			if project == "" && cfg != nil {
+				project = cfg.Project
+			}
+			req := api.LeaseRequest{Project: project, Name: "serve " + name, GPUs: b.GPUs,
+				Constraints:      api.Constraints{Nodes: []string{b.Node}, SameNVLinkIsland: b.GPUs > 1},
+				TimeLimitSeconds: int(timeLimit / time.Second),
+				Job:              &api.JobSpec{Command: b.Command, Image: b.Image, Ports: []int{b.Port}, WorkDir: workdir},
+				Serve:            &api.ServeSpec{Model: name, Engine: b.Engine, Port: b.Port, Ready: b.Ready, Source: m.Path}}
+			if timeLimit > 0 && req.TimeLimitSeconds == 0 {
+				req.TimeLimitSeconds = 1
+			}
+			l, err := c.CreateLease(ctx, req)
+			if err != nil {
+				return apiErr(err)
+			}
+			if detach {
+				return printDeployment(cmd.OutOrStdout(), cf.format, l)
+			}
+			tty := colorOK(stderr)
+			l, err = waitGranted(ctx, c, l, stderr, tty)
+			if err != nil {
+				return cancelOnInterrupt(c, l.ID, stderr, err)
+			}
+			if l.State != api.LeaseGranted {
+				fmt.Fprintf(stderr, "kiln: lease %s %s: %s\n", printable(l.ID), printable(l.State), printable(l.Reason))
+				return &exitError{code: 2}
+			}
+			fmt.Fprintf(stderr, "kiln: lease %s granted; waiting for %s to answer %s (up to %s)\n", printable(l.ID), printable(b.Engine), printable(b.Ready), wait)
+			l, err = waitServing(ctx, c, l, wait, stderr, tty)
+			if err != nil {
+				if ctx.Err() != nil {
+					return cancelOnInterrupt(c, l.ID, stderr, err)
+				}
+				writeEngineLog(ctx, c, l, stderr)
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				if _, cerr := c.CancelLease(cctx, l.ID); cerr != nil {
+					fmt.Fprintf(stderr, "kiln: ending lease %s: %s\n", printable(l.ID), printable(cerr.Error()))
+				} else {
+					fmt.Fprintf(stderr, "kiln: lease %s ended\n", printable(l.ID))
+				}
+				return &exitError{code: 2, err: err}
+			}
+			if cf.structured() {
+				return printDeployment(cmd.OutOrStdout(), cf.format, l)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s is ready: %s/openai/v1 (model %q, your kiln token as the API key)\n",
+				printable(name), printable(strings.TrimRight(cfg.Server, "/")), name)
+			return nil
+		},
+	}
+	cf.add(cmd)
+	fl := cmd.Flags()
+	fl.StringVarP(&cf.format, "output", "o", "text", "output format: text, json or yaml (the choice with --dry-run, else the lease)")
+	fl.StringVarP(&project, "project", "p", "", "project to charge (default: your only project, or the configuration's)")
+	fl.StringVar(&name, "name", "", "the name clients ask for in the request's model field (default: the model's folder or file name)")
+	fl.StringVar(&engine, "engine", "", "an engine of kiln's catalogue: vllm, sglang, tgi, llama.cpp (default: the best that runs)")
+	fl.StringVar(&image, "image", "", "your own engine image (with --port and --ready)")
+	fl.IntVar(&port, "port", 0, "the port your own engine listens on")
+	fl.StringVar(&ready, "ready", "/health", "your own engine's readiness path, answered 200 once it serves")
+	fl.StringVar(&workdir, "workdir", "", "the engine's working directory on the node (a process's sees only it of the node's /tmp)")
+	fl.BoolVar(&process, "process", false, "run the catalogue engine's command on the node, where it is installed, instead of its image")
+	fl.IntVar(&ctxLen, "context", 0, "tokens a sequence, prompt and answer (default: the model's, at most 8192)")
+	fl.IntVar(&batch, "batch", 0, "sequences served at once, for the KV cache (default 8)")
+	fl.IntVar(&gpus, "gpus", 0, "the tensor-parallel degree (default: the fewest GPUs of one NVLink island that hold it)")
+	fl.BoolVar(&dryRun, "dry-run", false, "print the engine, image, node and GPUs kiln would take, and lease nothing")
+	fl.BoolVarP(&detach, "detach", "d", false, "lease and return at once; 'kiln serve ls' shows when it is ready")
+	fl.DurationVar(&wait, "wait", 15*time.Minute, "how long the engine has to answer ready (loading weights takes minutes)")
+	fl.DurationVar(&timeLimit, "time-limit", 0, "the deployment ends after this long (default: the server's)")
+	cmd.AddCommand(newServeLsCmd(), newServeStopCmd())
+	return cmd
+}
+
+// apiModel is what the server needs of a model read here.
+func apiModel(m serving.Model) api.ServeModel {
+	return api.ServeModel{Name: m.Name, Format: m.Format, Precision: m.Precision, WeightsBytes: m.WeightsBytes,
+		Path: m.Path, File: m.File, Shape: apiShape(m.Arch)}
+}
+
+func apiShape(a *plan.Model) *api.ModelShape {
+	if a == nil {
+		return nil
+	}
+	return &api.ModelShape{Layers: a.Layers, EncoderLayers: a.EncoderLayers, Hidden: a.Hidden, Heads: a.Heads,
+		KVHeads: a.KVHeads, HeadDim: a.HeadDim, FFN: a.FFN, Gated: a.Gated, Tied: a.Tied, Vocab: a.Vocab, Seq: a.Seq,
+		MaxSeq: a.MaxSeq, Experts: a.Experts, ExpertsPerToken: a.ExpertsPerToken, Params: a.PublishedParams}
+}
+
+func choiceLine(b api.ServeChoice) string {
+	image := b.Image
+	if image == "" {
+		image = "a process on the node"
+	}
+	return printable(fmt.Sprintf("%s (%s), %d GPU(s) %v over %s, %s of %s a GPU, kiln compat: %s (%s)", b.Engine, image, b.GPUs, b.Island, b.Link,
+		units.BytesRounded(uint64(b.MemoryPerGPUBytes), 1), units.BytesRounded(uint64(b.CapacityBytes), 1), b.Verdict, b.VerdictFrom))
+}
+
+func writeServeChoice(w io.Writer, name string, m serving.Model, r *api.ServeChooseReply) {
+	fmt.Fprintf(w, "model %s: %s, %s of weights, from %s\n", printable(name), m.Format, units.BytesRounded(uint64(m.WeightsBytes), 1), printable(m.Path))
+	fmt.Fprintf(w, "best: %s on %s\n", choiceLine(r.Best), printable(r.Best.Node))
+	fmt.Fprintf(w, "  context %d, batch %d; command: %s\n", r.Best.Context, r.Best.Batch, printable(strings.Join(r.Best.Command, " ")))
+	for _, n := range r.Best.Notes {
+		fmt.Fprintf(w, "  note: %s\n", printable(n))
+	}
+	for _, o := range r.Others {
+		fmt.Fprintf(w, "also: %s on %s\n", choiceLine(o), printable(o.Node))
+	}
+	for _, s := range r.Skipped {
+		fmt.Fprintf(w, "left out: %s\n", printable(s))
+	}
+}
+
+// waitServing follows a granted deployment until its engine answers ready,
+// its lease ends, or wait passes.
+func waitServing(ctx context.Context, c *api.Client, l *api.Lease, wait time.Duration, progress io.Writer, tty bool) (*api.Lease, error) {
+	deadline := time.Now().Add(wait)
+	start := time.Now()
+	shown := ""
+	defer func() {
+		if tty && shown != "" {
+			fmt.Fprint(progress, "\r\x1b[K")
+		}
+	}()
+	for {
+		if l.Deployment != nil && l.Deployment.State == api.DeployReady {
+			return l, nil
+		}
+		if api.LeaseFinal(l.State) || l.State == api.LeaseStopping {
+			return l, fmt.Errorf("lease %s is %s before its engine was ready: %s", l.ID, l.State, l.Reason)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			why := ""
+			if l.Deployment != nil && l.Deployment.Reason != "" {
+				why = " (last check: " + l.Deployment.Reason + ")"
+			}
+			return l, fmt.Errorf("the engine did not answer ready in %s%s", wait, why)
+		}
+		if tty {
+			line := fmt.Sprintf("starting, %s", time.Since(start).Round(time.Second))
+			if l.Deployment != nil && l.Deployment.Reason != "" {
+				line += " -- " + l.Deployment.Reason
+			}
+			line = printable(line)
+			if line != shown {
+				fmt.Fprintf(progress, "\r\x1b[K%s", line)
+				shown = line
+			}
+		}
+		next, err := c.GetLease(ctx, l.ID, api.LeaseWait{Since: api.LeaseVersion(l), For: min(left, 5*time.Second)})
+		if err != nil {
+			return l, err
+		}
+		l = next
+	}
+}
+
+// writeEngineLog prints the last lines of the deployment's engine.
+func writeEngineLog(ctx context.Context, c *api.Client, l *api.Lease, w io.Writer) {
+	if len(l.Jobs) == 0 {
+		return
+	}
+	job := l.Jobs[len(l.Jobs)-1]
+	rc, err := c.JobLogs(ctx, job, false)
+	if err != nil {
+		fmt.Fprintf(w, "kiln: the engine's log (job %s): %s\n", printable(job), printable(err.Error()))
+		return
+	}
+	defer rc.Close()
+	lines := tailLines(rc, serveLogLines, 1<<20)
+	if len(lines) == 0 {
+		fmt.Fprintf(w, "kiln: the engine (job %s) wrote nothing\n", printable(job))
+		return
+	}
+	fmt.Fprintf(w, "kiln: the engine's last %d log lines (kiln logs %s):\n", len(lines), printable(job))
+	for _, ln := range lines {
+		fmt.Fprintf(w, "  %s\n", printable(ln))
+	}
+}
+
+// tailLines is the last n lines of r, read through at most limit bytes a
+// line.
+func tailLines(r io.Reader, n, limit int) []string {
+	var out []string
+	buf := make([]byte, 32<<10)
+	var line bytes.Buffer
+	push := func() {
+		out = append(out, strings.TrimRight(line.String(), "\r"))
+		if len(out) > n {
+			out = out[1:]
+		}
+		line.Reset()
+	}
+	for {
+		k, err := r.Read(buf)
+		for _, b := range buf[:k] {
+			if b == '\n' {
+				push()
+			} else if line.Len() < limit {
+				line.WriteByte(b)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if line.Len() > 0 {
+		push()
+	}
+	return out
+}
+
+func printDeployment(w io.Writer, format string, l *api.Lease) error {
+	if format != "" && format != "text" {
+		return writeStructured(w, format, l)
+	}
+	fmt.Fprintf(w, "%s\n", printable(l.ID))
+	return nil
+}
+
+// deployments are the serving leases the caller sees.
+func deployments(ctx context.Context, c *api.Client, project string, all bool) ([]api.Lease, error) {
+	ls, err := c.ListLeases(ctx, api.LeaseFilter{Project: project, All: all})
+	if err != nil {
+		return nil, err
+	}
+	var out []api.Lease
+	for _, l := range ls {
+		if l.Request.Serve != nil {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+func newServeLsCmd() *cobra.Command {
+	var cf clientFlags
+	var project string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List model deployments: state, where, and what the endpoint routed to them",
+		Long: `kiln serve ls lists the deployments of your projects: the name clients ask for,
+its state (queued; starting until its engine answers ready; ready; unready when
+a ready engine stops answering; or how its lease ended), the engine and node,
+and the requests, errors and tokens the endpoint routed to it since the server
+started.`,
+		Example: `  kiln serve ls
+  kiln serve ls --all -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			ds, err := deployments(cmd.Context(), c, project, all)
+			if err != nil {
+				return apiErr(err)
+			}
+			if cf.structured() {
+				if ds == nil {
+					ds = []api.Lease{}
+				}
+				return writeStructured(cmd.OutOrStdout(), cf.format, api.LeaseList{Leases: ds})
+			}
+			writeDeploymentTable(cmd.OutOrStdout(), ds)
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cf.addOutput(cmd)
+	cmd.Flags().StringVarP(&project, "project", "p", "", "only this project")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include ended deployments")
+	return cmd
+}
+
+func writeDeploymentTable(w io.Writer, ds []api.Lease) {
+	if len(ds) == 0 {
+		fmt.Fprintln(w, "no deployments")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tENGINE\tWHERE\tREQUESTS\tERRORS\tTOKENS IN/OUT\tLEASE\tPROJECT\tUSER")
+	for _, l := range ds {
+		sv := l.Request.Serve
+		state, where := l.State, ""
+		var u api.ServeUsage
+		if d := l.Deployment; d != nil && l.State == api.LeaseGranted {
+			state, u = d.State, d.Usage
+			if d.Reason != "" && d.State != api.DeployReady {
+				state += " (" + d.Reason + ")"
+			}
+		}
+		for _, a := range l.Allocations {
+			where = fmt.Sprintf("%s:%d GPU(s)", a.Node, len(a.Devices))
+		}
+		if l.State == api.LeaseQueued {
+			where = fmt.Sprintf("queued, position %d", l.QueuePosition)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%s\t%s\t%s\n", cell(sv.Model), cell(state), cell(sv.Engine), cell(where),
+			u.Requests, u.Errors, u.PromptTokens, u.CompletionTokens, cell(l.ID), cell(l.Project), cell(l.User))
+	}
+	tw.Flush()
+}
+
+func newServeStopCmd() *cobra.Command {
+	var cf clientFlags
+	var project string
+	cmd := &cobra.Command{
+		Use:   "stop NAME|LEASE...",
+		Short: "End model deployments (every replica of a name)",
+		Long: `kiln serve stop ends the deployments named: every live replica of a name you
+serve, or one lease by its id. The engine gets SIGTERM and the server's grace
+before it is killed; the endpoint stops routing to it at once.`,
+		Example: `  kiln serve stop llama-3-70b
+  kiln serve stop l-1a2b3c`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			ds, err := deployments(ctx, c, project, false)
+			if err != nil {
+				return apiErr(err)
+			}
+			var failed []string
+			for _, a := range args {
+				n := 0
+				for _, l := range ds {
+					if l.ID != a && l.Request.Serve.Model != a {
+						continue
+					}
+					n++
+					if _, err := c.CancelLease(ctx, l.ID); err != nil {
+						failed = append(failed, fmt.Sprintf("%s (%s): %v", a, l.ID, err))
+						continue
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: lease %s ended\n", printable(l.Request.Serve.Model), printable(l.ID))
+				}
+				if n == 0 {
+					failed = append(failed, fmt.Sprintf("%s: no live deployment of that name or lease (kiln serve ls)", a))
+				}
+			}
+			if len(failed) > 0 {
+				return &exitError{code: 2, err: errors.New(printable(strings.Join(failed, "; ")))}
+			}
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVarP(&project, "project", "p", "", "only this project's deployments")
+	return cmd
+}

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/server/tunneltest"
+	"kiln.dev/kiln/serving/enginetest"
+)
+
+// TestHelperServeEngine is the engine TestServe deploys, not a test.
+func TestHelperServeEngine(t *testing.T) {
+	if !enginetest.Wanted(flag.Args()) {
+		t.Skip("the engine of TestServe")
+	}
+	t.Fatal(enginetest.Main(flag.Args()[1:]))
+}
+
+// tinyModel writes a Hugging Face style folder: a small Llama's
+// config.json and a sparse safetensors file.
+func tinyModel(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "Tiny-Llama-Test")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := `{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":512,"intermediate_size":1376,` +
+		`"num_attention_heads":8,"num_key_value_heads":4,"num_hidden_layers":4,"vocab_size":32000,` +
+		`"max_position_embeddings":2048,"torch_dtype":"bfloat16"}`
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(60 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return dir
+}
+
+// TestServe deploys a model with kiln serve on kiln up --demo's recorded
+// nodes, its engine a real OpenAI-compatible HTTP server (this test
+// binary) run as the deployment's job; waits for ready; calls the
+// server's OpenAI-compatible endpoint with the member's kiln token as the
+// API key (models, a chat completion, a streamed one, a completion,
+// embeddings); checks that the tokens are counted in kiln serve ls, that
+// another project's member and a caller without a token are refused, that
+// an engine that never becomes ready ends with its log and its lease, and
+// that kiln serve stop ends the deployment.
+func TestServe(t *testing.T) {
+	e := setupSecurity(t)
+	dir, engine := jobBinary(t)
+	model := tinyModel(t)
+	ports, err := tunneltest.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engineCmd := func(mode string) []string {
+		return []string{"--workdir", dir, "--", engine, "-test.run=^TestHelperServeEngine$", enginetest.Arg, mode, "{port}", "{name}", "{model}"}
+	}
+
+	// The choice, without a lease.
+	out, stderr, code := e.kilnAs(e.member, append([]string{"serve", model, "--name", "tiny", "--port", strconv.Itoa(ports[0]), "--dry-run", "-o", "json"}, engineCmd(enginetest.Serve)...)...)
+	var choice api.ServeChooseReply
+	if code != 0 || json.Unmarshal([]byte(out), &choice) != nil {
+		t.Fatalf("kiln serve --dry-run: %d %s\n%s", code, stderr, out)
+	}
+	if choice.Best.Engine != "custom" || choice.Best.GPUs != 1 || choice.Best.Verdict != "unknown" ||
+		!strings.Contains(strings.Join(choice.Best.Command, " "), fmt.Sprintf("serve %d tiny %s", ports[0], model)) {
+		t.Errorf("the choice: %+v", choice.Best)
+	}
+	if leases, _ := e.client(e.member).ListLeases(context.Background(), api.LeaseFilter{}); len(leases) != 0 {
+		t.Errorf("--dry-run leased: %+v", leases)
+	}
+
+	// The deployment: kiln serve returns once the engine answers ready.
+	start := time.Now()
+	out, stderr, code = e.kilnAs(e.member, append([]string{"serve", model, "--name", "tiny", "--port", strconv.Itoa(ports[0]), "--wait", "60s"}, engineCmd(enginetest.Serve)...)...)
+	if code != 0 || !strings.Contains(out, "tiny is ready") || !strings.Contains(out, "/openai/v1") {
+		t.Fatalf("kiln serve: %d\n%s\n%s", code, stderr, out)
+	}
+	t.Logf("ready in %s: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(out))
+
+	call := func(cfg, method, path, body string) (int, []byte, http.Header) {
+		t.Helper()
+		token := cfg != ""
+		if !token {
+			cfg = e.member
+		}
+		cl := e.client(cfg)
+		req, err := http.NewRequest(method, cl.Base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if token {
+			req.Header.Set("Authorization", "Bearer "+cl.Token)
+		}
+		resp, err := cl.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, resp.Header
+	}
+
+	// The models the member may ask for.
+	st, body, _ := call(e.member, "GET", "/openai/v1/models", "")
+	var models struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID, Object, OwnedBy string
+		} `json:"data"`
+	}
+	if st != 200 || json.Unmarshal(body, &models) != nil || models.Object != "list" || len(models.Data) != 1 || models.Data[0].ID != "tiny" {
+		t.Errorf("GET /openai/v1/models: %d %s", st, body)
+	}
+
+	// A chat completion, answered by the engine through the tunnel.
+	st, body, _ = call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hello there kiln"}]}`)
+	var chat struct {
+		Object  string `json:"object"`
+		Model   string `json:"model"`
+		Choices []struct {
+			Message struct {
+				Role, Content string
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	want := strings.Join(enginetest.Reply("tiny", "hello there kiln"), " ")
+	if st != 200 || json.Unmarshal(body, &chat) != nil || chat.Object != "chat.completion" || len(chat.Choices) != 1 ||
+		chat.Choices[0].Message.Content != want || chat.Choices[0].Message.Role != "assistant" || chat.Usage.PromptTokens != 3 {
+		t.Errorf("chat completion: %d %s (want the content %q)", st, body, want)
+	}
+
+	// A streamed one: server-sent events as the engine sends them, the
+	// usage added at the end because the endpoint asked for it.
+	st, body, hdr := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"one two three four"}]}`)
+	var streamed strings.Builder
+	var sawUsage, sawDone bool
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			sawDone = true
+			continue
+		}
+		var ev struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+			Usage *struct{} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil || ev.Object != "chat.completion.chunk" {
+			t.Errorf("a streamed event %q: %v", data, err)
+			continue
+		}
+		for _, c := range ev.Choices {
+			streamed.WriteString(c.Delta.Content)
+		}
+		sawUsage = sawUsage || ev.Usage != nil
+	}
+	wantStream := strings.Join(enginetest.Reply("tiny", "one two three four"), " ")
+	if st != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") || streamed.String() != wantStream || !sawDone || !sawUsage {
+		t.Errorf("streamed chat: %d %s, content %q (want %q), usage %v, done %v\n%s", st, hdr.Get("Content-Type"), streamed.String(), wantStream, sawUsage, sawDone, body)
+	}
+
+	// A completion and embeddings.
+	if st, body, _ := call(e.member, "POST", "/openai/v1/completions", `{"model":"tiny","prompt":"a b"}`); st != 200 || !strings.Contains(string(body), `"text":"tiny: b a"`) {
+		t.Errorf("completion: %d %s", st, body)
+	}
+	if st, body, _ := call(e.member, "POST", "/openai/v1/embeddings", `{"model":"tiny","input":"x y"}`); st != 200 || !strings.Contains(string(body), `"embedding":[`) {
+		t.Errorf("embeddings: %d %s", st, body)
+	}
+
+	// Refusals: another project's member gets model_not_found (the model
+	// is not theirs to know of); no token, 401; no such model; a body
+	// that is not JSON. None reaches the engine.
+	if st, body, _ := call(e.victim, "POST", "/openai/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`); st != 404 || !strings.Contains(string(body), "model_not_found") {
+		t.Errorf("victor asking for mallory's model: %d %s", st, body)
+	}
+	if st, body, _ := call(e.victim, "GET", "/openai/v1/models", ""); st != 200 || strings.Contains(string(body), "tiny") {
+		t.Errorf("victor's models: %d %s", st, body)
+	}
+	if st, _, _ := call("", "POST", "/openai/v1/chat/completions", `{"model":"tiny"}`); st != 401 {
+		t.Errorf("no token: %d", st)
+	}
+	if st, body, _ := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"nope","messages":[]}`); st != 404 || !strings.Contains(string(body), `"error":{`) {
+		t.Errorf("an unknown model: %d %s", st, body)
+	}
+	if st, body, _ := call(e.member, "POST", "/openai/v1/chat/completions", `not json`); st != 400 || !strings.Contains(string(body), "invalid_request_error") {
+		t.Errorf("not JSON: %d %s", st, body)
+	}
+
+	// kiln serve ls: ready, with the requests and tokens routed.
+	out, stderr, code = e.kilnAs(e.member, "serve", "ls", "-o", "json")
+	var list api.LeaseList
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list.Leases) != 1 || list.Leases[0].Deployment == nil {
+		t.Fatalf("kiln serve ls: %d %s\n%s", code, stderr, out)
+	}
+	d := list.Leases[0].Deployment
+	// 3 + 2 + 2 + 2 prompt words; the chat, stream and completion replies.
+	if d.State != api.DeployReady || d.Usage.Requests != 4 || d.Usage.PromptTokens != 3+4+2+2 ||
+		d.Usage.CompletionTokens != int64(len(enginetest.Reply("tiny", "hello there kiln"))+len(enginetest.Reply("tiny", "one two three four"))+len(enginetest.Reply("tiny", "a b"))) {
+		t.Errorf("the deployment: %+v", d)
+	}
+	if out, _, _ := e.kilnAs(e.member, "serve", "ls"); !strings.Contains(out, "tiny") || !strings.Contains(out, "ready") {
+		t.Errorf("kiln serve ls:\n%s", out)
+	}
+
+	// Another member of the project cannot take the name (the admin is
+	// another user of project default).
+	if _, stderr, code := e.kilnAs(e.admin, append([]string{"serve", model, "--name", "tiny", "--port", strconv.Itoa(ports[1]), "-p", "default", "-d"}, engineCmd(enginetest.Serve)...)...); code == 0 || !strings.Contains(stderr, "already serves tiny") {
+		t.Errorf("the admin taking mallory's name: %d %s", code, stderr)
+	}
+
+	// An engine that never answers ready: kiln serve gives up after
+	// --wait, prints its last log lines, and ends its lease.
+	_, stderr, code = e.kilnAs(e.member, append([]string{"serve", model, "--name", "never", "--port", strconv.Itoa(ports[1]), "--wait", "4s"}, engineCmd(enginetest.NeverReady)...)...)
+	if code != 2 || !strings.Contains(stderr, "did not answer ready") || !strings.Contains(stderr, enginetest.LoadingLine) || !strings.Contains(stderr, "ended") {
+		t.Errorf("a never-ready engine: %d\n%s", code, stderr)
+	}
+	waitFor(t, "the never-ready deployment's end", 20*time.Second, func() bool {
+		ds, err := e.client(e.member).ListLeases(context.Background(), api.LeaseFilter{})
+		if err != nil {
+			return false
+		}
+		for _, l := range ds {
+			if l.Request.Serve != nil && l.Request.Serve.Model == "never" {
+				return false
+			}
+		}
+		return true
+	})
+
+	// A model that fits no GPU is refused before anything is leased.
+	if _, stderr, code := e.kilnAs(e.member, append([]string{"serve", model, "--name", "huge", "--port", strconv.Itoa(ports[1]), "--context", "16000000", "--batch", "60000"}, engineCmd(enginetest.Serve)...)...); code != 2 || !strings.Contains(stderr, "does not fit") {
+		t.Errorf("a model too big: %d %s", code, stderr)
+	}
+
+	// kiln serve stop: the endpoint stops routing to it.
+	if out, stderr, code := e.kilnAs(e.member, "serve", "stop", "tiny"); code != 0 || !strings.Contains(out, "ended") {
+		t.Fatalf("kiln serve stop: %d %s %s", code, out, stderr)
+	}
+	waitFor(t, "the endpoint to stop routing to tiny", 20*time.Second, func() bool {
+		st, _, _ := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`)
+		return st == 404
+	})
+	if _, stderr, code := e.kilnAs(e.member, "serve", "stop", "tiny"); code != 2 || !strings.Contains(stderr, "no live deployment") {
+		t.Errorf("stopping it again: %d %s", code, stderr)
+	}
+}

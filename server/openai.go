@@ -1,0 +1,270 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/serving"
+	"kiln.dev/kiln/textsafe"
+)
+
+// The OpenAI-compatible endpoint: one base URL (/openai/v1) for every
+// deployment, routed by the request's model field to a ready replica the
+// caller's projects serve, with kiln's token as the API key.
+
+// maxOpenAIBody bounds a request to the endpoint: long prompts, not files.
+const maxOpenAIBody = 16 << 20
+
+// maxUsageScan is how much of a non-streamed answer is kept to read its
+// usage; the answer itself passes whole.
+const maxUsageScan = 4 << 20
+
+// openAIError answers in the OpenAI API's error shape, which its clients
+// read.
+func openAIError(w http.ResponseWriter, status int, typ, code, format string, args ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	e := map[string]any{"message": fmt.Sprintf(format, args...), "type": typ, "param": nil, "code": nil}
+	if code != "" {
+		e["code"] = code
+	}
+	b, _ := json.Marshal(map[string]any{"error": e})
+	w.Write(append(b, '\n'))
+}
+
+// openAIModels lists the models the caller can ask for: those a ready
+// deployment of one of the caller's projects serves.
+func (s *Server) openAIModels(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	s.mu.Lock()
+	_, open := s.serveTargets(func(l *api.Lease) bool { return c.canSee(l.Project) })
+	s.mu.Unlock()
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	seen := map[string]bool{}
+	for _, t := range sortedModels(open) {
+		if seen[t.model] || !s.deploys.ready(t.lease) {
+			continue
+		}
+		seen[t.model] = true
+		st := s.deploys.status(t.lease)
+		out.Data = append(out.Data, model{ID: t.model, Object: "model", Created: st.Since.Unix(), OwnedBy: t.project})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// openAIProxy routes a completion, chat completion or embeddings request
+// to a ready replica of the model it names.
+func (s *Server) openAIProxy(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	body, err := readBody(r, maxOpenAIBody)
+	if err != nil {
+		status := http.StatusBadRequest
+		if errors.Is(err, errTooLarge) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		openAIError(w, status, "invalid_request_error", "", "%v", err)
+		return
+	}
+	var head struct {
+		Model         string          `json:"model"`
+		Stream        bool            `json:"stream"`
+		StreamOptions json.RawMessage `json:"stream_options"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		openAIError(w, http.StatusBadRequest, "invalid_request_error", "", "the request is not a JSON object: %v", err)
+		return
+	}
+	if head.Model == "" {
+		openAIError(w, http.StatusBadRequest, "invalid_request_error", "", "the request names no model (GET /openai/v1/models lists them)")
+		return
+	}
+	if serving.CheckName(head.Model) != nil {
+		openAIError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "the model %q does not exist", textsafe.Printable(trunc(head.Model)))
+		return
+	}
+	if head.Stream && len(head.StreamOptions) == 0 {
+		// Ask the engine for the usage in the stream's last event, so
+		// that its tokens are counted; OpenAI's clients ignore it unless
+		// they asked.
+		if b, err := withStreamUsage(body); err == nil {
+			body = b
+		}
+	}
+	s.mu.Lock()
+	_, open := s.serveTargets(func(l *api.Lease) bool {
+		return c.canSee(l.Project) && l.Request.Serve.Model == head.Model
+	})
+	starting := len(open) == 0 && len(s.core.Leases(time.Now(), func(l *api.Lease) bool {
+		return l.Request.Serve != nil && l.Request.Serve.Model == head.Model && c.canSee(l.Project) && !api.LeaseFinal(l.State)
+	})) > 0
+	s.mu.Unlock()
+	var ready []serveTarget
+	for _, t := range sortedModels(open) {
+		if s.deploys.ready(t.lease) {
+			ready = append(ready, t)
+		}
+	}
+	if len(ready) == 0 {
+		if starting || len(open) > 0 {
+			w.Header().Set("Retry-After", "5")
+			openAIError(w, http.StatusServiceUnavailable, "server_error", "model_not_ready", "the model %s is deployed but its engine is not ready yet (kiln serve ls shows why)", head.Model)
+			return
+		}
+		openAIError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "the model %s does not exist, or no project of yours serves it", head.Model)
+		return
+	}
+	t := ready[s.deploys.next(len(ready))]
+	path := strings.TrimPrefix(r.URL.Path, "/openai")
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(t.port))
+			pr.Out.URL.Path, pr.Out.URL.RawPath = path, ""
+			pr.Out.URL.RawQuery = ""
+			pr.Out.Host = pr.Out.URL.Host
+			pr.Out.Header.Del("Authorization") // kiln's token is the user's, not the engine's
+			stripKilnCookies(pr.Out.Header)
+			pr.Out.Body = io.NopCloser(bytes.NewReader(body))
+			pr.Out.ContentLength = int64(len(body))
+			pr.Out.Header.Set("Content-Length", strconv.Itoa(len(body)))
+			pr.SetXForwarded()
+		},
+		Transport:     s.proxies.transport(s, proxyKey{user: c.user.ID, node: t.node, job: t.job, port: t.port}),
+		FlushInterval: -1,
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Body = &usageReader{rc: resp.Body, stream: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"),
+				done: func(prompt, compl int64) { s.deploys.count(t.lease, resp.StatusCode >= 400, prompt, compl) }}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			s.deploys.count(t.lease, true, 0, 0)
+			openAIError(w, http.StatusBadGateway, "server_error", "engine_unreachable", "the engine of %s (lease %s on node %s) did not answer: %v", t.model, t.lease, t.node, err)
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// withStreamUsage adds stream_options.include_usage to a request.
+func withStreamUsage(body []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	m["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+	return json.Marshal(m)
+}
+
+// usageReader passes an engine's answer through and reads the usage it
+// reports: the "usage" object of a JSON answer, or of the stream's events.
+// It counts once, when the answer ends or is closed.
+type usageReader struct {
+	rc     io.ReadCloser
+	stream bool
+	buf    bytes.Buffer
+	line   []byte
+	prompt int64
+	compl  int64
+	done   func(prompt, completion int64)
+	over   bool
+	ended  bool
+}
+
+type usageOf struct {
+	Usage *struct {
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+func (u *usageReader) Read(p []byte) (int, error) {
+	n, err := u.rc.Read(p)
+	u.scan(p[:n])
+	if err == io.EOF {
+		u.finish()
+	}
+	return n, err
+}
+
+func (u *usageReader) scan(b []byte) {
+	if !u.stream {
+		if !u.over {
+			if u.buf.Len()+len(b) > maxUsageScan {
+				u.over, u.buf = true, bytes.Buffer{}
+			} else {
+				u.buf.Write(b)
+			}
+		}
+		return
+	}
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			if len(u.line)+len(b) <= maxUsageScan {
+				u.line = append(u.line, b...)
+			}
+			return
+		}
+		if len(u.line)+i <= maxUsageScan {
+			u.line = append(u.line, b[:i]...)
+			u.event(u.line)
+		}
+		u.line, b = u.line[:0], b[i+1:]
+	}
+}
+
+// event reads one line of a server-sent events stream.
+func (u *usageReader) event(line []byte) {
+	data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+	if !ok {
+		return
+	}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '{' {
+		return
+	}
+	var v usageOf
+	if json.Unmarshal(data, &v) == nil && v.Usage != nil {
+		u.prompt, u.compl = clampTokens(v.Usage.PromptTokens), clampTokens(v.Usage.CompletionTokens)
+	}
+}
+
+func (u *usageReader) finish() {
+	if u.ended {
+		return
+	}
+	u.ended = true
+	if !u.stream && !u.over {
+		var v usageOf
+		if json.Unmarshal(u.buf.Bytes(), &v) == nil && v.Usage != nil {
+			u.prompt, u.compl = clampTokens(v.Usage.PromptTokens), clampTokens(v.Usage.CompletionTokens)
+		}
+	}
+	u.done(u.prompt, u.compl)
+}
+
+func (u *usageReader) Close() error {
+	u.finish()
+	return u.rc.Close()
+}
+
+// clampTokens keeps an engine's count sane: it is data from the job.
+func clampTokens(n int64) int64 { return min(max(n, 0), 1<<32) }

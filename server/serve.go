@@ -1,0 +1,390 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/compat"
+	"kiln.dev/kiln/plan"
+	"kiln.dev/kiln/serving"
+)
+
+// Model deployments (kiln serve): the choice of engine, image, node and
+// GPUs made on the server's nodes, and what the server knows of each
+// serving lease now (its engine's readiness, what its endpoint routed).
+
+// Readiness checks of deployments.
+const (
+	deployProbeEvery   = time.Second
+	deployProbeTimeout = 2 * time.Second
+	// deployUnreadyAfter failed checks in a row take a ready deployment
+	// out of the endpoint's routing.
+	deployUnreadyAfter = 3
+)
+
+// deployments holds each live serving lease's state, by lease id.
+type deployments struct {
+	mu sync.Mutex
+	m  map[string]*deployState
+	rr uint64 // round robin over replicas
+}
+
+type deployState struct {
+	api.Deployment
+	fails int
+}
+
+// status is a copy of a lease's deployment state, nil when it is not one
+// the server has seen.
+func (d *deployments) status(id string) *api.Deployment {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.m[id]
+	if st == nil {
+		return nil
+	}
+	c := st.Deployment
+	return &c
+}
+
+func (d *deployments) ready(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.m[id]
+	return st != nil && st.State == api.DeployReady
+}
+
+// next picks one of n replicas.
+func (d *deployments) next(n int) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rr++
+	return int(d.rr % uint64(n))
+}
+
+// count adds one routed request's outcome.
+func (d *deployments) count(id string, failed bool, prompt, completion int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.m[id]
+	if st == nil {
+		return
+	}
+	st.Usage.Requests++
+	if failed {
+		st.Usage.Errors++
+	}
+	st.Usage.PromptTokens += prompt
+	st.Usage.CompletionTokens += completion
+}
+
+// probed records a readiness check; it says whether the state changed.
+func (d *deployments) probed(id string, ok bool, reason string, now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.m[id]
+	if st == nil {
+		return false
+	}
+	was := st.State
+	switch {
+	case ok:
+		st.fails, st.Reason = 0, ""
+		st.State = api.DeployReady
+	case st.State == api.DeployStarting:
+		st.Reason = reason
+	default:
+		st.fails++
+		st.Reason = reason
+		if st.fails >= deployUnreadyAfter {
+			st.State = api.DeployUnready
+		}
+	}
+	if st.State != was {
+		st.Since = now.UTC()
+		return true
+	}
+	return false
+}
+
+// sync keeps the states of the live serving leases, adds new ones as
+// starting and drops those that ended. A lease whose engine is not running
+// (restarting, its port not open yet) is starting again.
+func (d *deployments) sync(live map[string]bool, now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil {
+		d.m = map[string]*deployState{}
+	}
+	changed := false
+	for id := range d.m {
+		if _, ok := live[id]; !ok {
+			delete(d.m, id)
+		}
+	}
+	for id, running := range live {
+		st := d.m[id]
+		if st == nil {
+			d.m[id] = &deployState{Deployment: api.Deployment{State: api.DeployStarting, Since: now.UTC()}}
+			changed = true
+			continue
+		}
+		if !running && st.State != api.DeployStarting {
+			st.State, st.Since, st.fails = api.DeployStarting, now.UTC(), 0
+			changed = true
+		}
+	}
+	return changed
+}
+
+// serveTarget is where a serving lease's engine listens now.
+type serveTarget struct {
+	lease, project, user, model string
+	job, node                   string
+	port                        int
+	ready                       string
+}
+
+// serveTargets are the serving leases the core holds, each with its
+// engine's job and node when its port is open; s.mu is held.
+func (s *Server) serveTargets(keep func(*api.Lease) bool) (live map[string]bool, open []serveTarget) {
+	live = map[string]bool{}
+	for _, l := range s.core.Leases(time.Now(), func(l *api.Lease) bool {
+		return l.Request.Serve != nil && l.State == api.LeaseGranted && (keep == nil || keep(l))
+	}) {
+		sv := l.Request.Serve
+		t := serveTarget{lease: l.ID, project: l.Project, user: l.User, model: sv.Model, port: sv.Port, ready: sv.Ready}
+		for i := len(l.Jobs) - 1; i >= 0 && t.job == ""; i-- {
+			j := s.core.Job(l.Jobs[i])
+			if j == nil || j.State != api.JobRunning || !slices.Contains(j.Spec.Ports, sv.Port) {
+				continue
+			}
+			for _, tk := range j.Tasks {
+				if tk.Rank == 0 && tk.State == api.JobRunning && slices.Contains(tk.OpenPorts, sv.Port) {
+					t.job, t.node = j.ID, tk.Node
+				}
+			}
+		}
+		live[l.ID] = t.job != ""
+		if t.job != "" {
+			open = append(open, t)
+		}
+	}
+	return live, open
+}
+
+// prober checks the readiness of every serving lease whose engine's port
+// is open, every deployProbeEvery, until the server stops.
+func (s *Server) prober(ctx context.Context) {
+	defer s.loopWG.Done()
+	t := time.NewTicker(deployProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.probeDeployments(ctx)
+	}
+}
+
+func (s *Server) probeDeployments(ctx context.Context) {
+	s.mu.Lock()
+	live, open := s.serveTargets(nil)
+	s.mu.Unlock()
+	changed := s.deploys.sync(live, time.Now())
+	var wg sync.WaitGroup
+	var cmu sync.Mutex
+	for _, t := range open {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, reason := s.probe(ctx, t)
+			if s.deploys.probed(t.lease, ok, reason, time.Now()) {
+				s.log.Info("deployment", "lease", t.lease, "model", t.model, "ready", ok, "reason", reason)
+				cmu.Lock()
+				changed = true
+				cmu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if changed {
+		s.mu.Lock()
+		s.notify()
+		s.mu.Unlock()
+	}
+}
+
+// probe asks the engine's readiness path, through the tunnel, for a 200.
+func (s *Server) probe(ctx context.Context, t serveTarget) (bool, string) {
+	ctx, cancel := context.WithTimeout(ctx, deployProbeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://engine"+t.ready, nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	tr := s.proxies.transport(s, proxyKey{user: "\x00probe", node: t.node, job: t.job, port: t.port})
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return false, fmt.Sprintf("%s: %v", t.ready, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Sprintf("%s answered %s", t.ready, resp.Status)
+	}
+	return true, ""
+}
+
+// withDeployment is a copy of l with its deployment's state, for answers.
+func (s *Server) withDeployment(l api.Lease) api.Lease {
+	if l.Request.Serve != nil && !api.LeaseFinal(l.State) {
+		l.Deployment = s.deploys.status(l.ID)
+		if l.Deployment == nil {
+			l.Deployment = &api.Deployment{State: api.DeployStarting}
+		}
+	}
+	return l
+}
+
+// catalogue is kiln's engine catalogue, read once.
+var catalogue = sync.OnceValues(serving.Default)
+
+// serveChoose answers how the server's nodes would serve a model.
+func (s *Server) serveChoose(w http.ResponseWriter, r *http.Request) {
+	req, ok := readRequest(w, r, maxBody, parseServeChoose)
+	if !ok {
+		return
+	}
+	cat, err := catalogue()
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	m, sreq, err := servingInput(req)
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err)
+		return
+	}
+	read := s.readImages(r.Context())
+	s.mu.Lock()
+	var nodes []serving.Node
+	snaps := s.core.Snapshots()
+	for _, n := range s.core.Nodes() {
+		if n.State == api.NodeReady && snaps[n.ID] != nil {
+			nodes = append(nodes, serving.Node{Name: n.ID, Snapshot: snaps[n.ID]})
+		}
+	}
+	s.mu.Unlock()
+	out, err := serving.Choose(m, sreq, nodes, cat, s.cfg.KB, read)
+	if err != nil {
+		writeErr(w, http.StatusUnprocessableEntity, err)
+		return
+	}
+	engines := map[string]serving.Engine{}
+	for _, e := range cat.Engines {
+		engines[e.Name] = e
+	}
+	if sreq.Custom != nil {
+		engines[sreq.Custom.Name] = *sreq.Custom
+	}
+	reply := api.ServeChooseReply{Skipped: out.Skipped}
+	for i, c := range append([]serving.Choice{out.Best}, out.Others...) {
+		e := engines[c.Engine]
+		ac, err := apiChoice(c, e, m)
+		if err != nil {
+			writeErr(w, http.StatusBadRequest, err)
+			return
+		}
+		if i == 0 {
+			reply.Best = ac
+		} else {
+			reply.Others = append(reply.Others, ac)
+		}
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+// readImages is what kiln compat read of images, from the server's
+// catalogue of them (nil when it has none or it fails: the engine
+// catalogue's lines decide then).
+func (s *Server) readImages(ctx context.Context) serving.ImageReader {
+	if s.cfg.CheckedImages == nil {
+		return nil
+	}
+	imgs, err := s.cfg.CheckedImages.CheckedImages(ctx)
+	if err != nil {
+		s.log.Warn("compat cache", "err", err)
+		return nil
+	}
+	by := map[string]*compat.Requirements{}
+	for _, c := range imgs {
+		if _, ok := by[c.Ref]; !ok && c.Requirements != nil && (c.Platform == "" || strings.HasSuffix(c.Platform, "/amd64")) {
+			by[c.Ref] = c.Requirements
+		}
+	}
+	return func(ref string) *compat.Requirements { return by[ref] }
+}
+
+func apiChoice(c serving.Choice, e serving.Engine, m serving.Model) (api.ServeChoice, error) {
+	modelArg, file := m.Path, m.File
+	if file == "" {
+		file = m.Path
+	}
+	args, err := e.Args(serving.Values{Model: modelArg, ModelFile: file, Name: m.Name, Port: e.Port, TP: c.GPUs, Context: c.Context})
+	if err != nil {
+		return api.ServeChoice{}, err
+	}
+	return api.ServeChoice{Engine: c.Engine, Image: c.Image, Node: c.Node, GPUs: c.GPUs, Island: c.Island, Link: c.Link,
+		Verdict: string(c.Verdict), VerdictFrom: c.VerdictFrom, MemoryPerGPUBytes: c.MemoryPerGPUBytes,
+		CapacityBytes: c.CapacityBytes, Context: c.Context, Batch: c.Batch, Command: args, Port: e.Port,
+		Ready: e.Ready, Notes: c.Notes}, nil
+}
+
+// servingInput turns the request into serving's terms.
+func servingInput(req api.ServeChooseRequest) (serving.Model, serving.Request, error) {
+	m := serving.Model{Name: req.Model.Name, Format: req.Model.Format, Precision: req.Model.Precision,
+		WeightsBytes: req.Model.WeightsBytes, Path: req.Model.Path, File: req.Model.File}
+	if sh := req.Model.Shape; sh != nil {
+		m.Arch = &plan.Model{Name: req.Model.Name, Layers: sh.Layers, EncoderLayers: sh.EncoderLayers, Hidden: sh.Hidden,
+			Heads: sh.Heads, KVHeads: sh.KVHeads, HeadDim: sh.HeadDim, FFN: sh.FFN, Gated: sh.Gated, Tied: sh.Tied,
+			Vocab: sh.Vocab, Seq: sh.Seq, MaxSeq: sh.MaxSeq, Experts: sh.Experts, ExpertsPerToken: sh.ExpertsPerToken,
+			PublishedParams: sh.Params, Source: "the model's config, as kiln serve read it"}
+		if err := m.Arch.Validate(); err != nil {
+			return m, serving.Request{}, fmt.Errorf("model.shape: %w", err)
+		}
+	}
+	sr := serving.Request{Engine: req.Engine, Context: req.Context, Batch: req.Batch, GPUs: req.GPUs, Process: req.Process}
+	if req.Image != "" || len(req.Command) > 0 {
+		if req.Engine != "" {
+			return m, sr, fmt.Errorf("give an engine of kiln's catalogue (%s) or an image or command of your own, not both", req.Engine)
+		}
+		e, err := serving.CustomEngine(req.Model.Format, req.Image, req.Command, req.Port, req.Ready)
+		if err != nil {
+			return m, sr, err
+		}
+		sr.Custom = e
+	}
+	return m, sr, nil
+}
+
+// sortedModels lists the served names in order.
+func sortedModels(ts []serveTarget) []serveTarget {
+	sort.Slice(ts, func(i, j int) bool {
+		if ts[i].model != ts[j].model {
+			return ts[i].model < ts[j].model
+		}
+		return ts[i].lease < ts[j].lease
+	})
+	return ts
+}
