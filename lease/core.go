@@ -249,6 +249,8 @@ type leaseState struct {
 	// badPick: a node reported a pick of devices the lease was not
 	// offered (said once in its events).
 	badPick bool
+	// serve is a serving lease's engine restarts.
+	serve serveState
 }
 
 type unitRef struct{ node, unit string }

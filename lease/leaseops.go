@@ -110,12 +110,7 @@ func (s *Core) Submit(now time.Time, in Submit) (*api.Lease, *Changes, error) {
 	}
 	b := newChanges(now)
 	if req.Job != nil {
-		j := &api.Job{ID: s.cfg.NewID("j-"), LeaseID: l.ID, Project: l.Project, State: api.JobPending, Spec: *req.Job, Created: now.UTC()}
-		js := &jobState{j: j, lease: ls}
-		ls.jobs = append(ls.jobs, js)
-		l.Jobs = append(l.Jobs, j.ID)
-		s.jobs[j.ID] = js
-		b.job(j)
+		s.newJob(ls, cloneSpec(*req.Job), now, b)
 	}
 	s.leases[l.ID] = ls
 	s.queued[l.ID] = ls
@@ -216,18 +211,25 @@ func (s *Core) AddJob(now time.Time, leaseID string, spec api.JobSpec) (*api.Job
 	if err := s.jobRoom(l.Project, &spec, len(ls.jobs)); err != nil {
 		return nil, nil, err
 	}
-	j := &api.Job{ID: s.cfg.NewID("j-"), LeaseID: leaseID, Project: l.Project, State: api.JobPending, Spec: spec, Created: now.UTC()}
+	b := newChanges(now)
+	js := s.newJob(ls, spec, now, b)
+	if l.State == api.LeaseGranted {
+		s.assign(js, b)
+	}
+	return js.j, b, nil
+}
+
+// newJob adds a pending job to a lease.
+func (s *Core) newJob(ls *leaseState, spec api.JobSpec, now time.Time, b *Changes) *jobState {
+	l := ls.l
+	j := &api.Job{ID: s.cfg.NewID("j-"), LeaseID: l.ID, Project: l.Project, State: api.JobPending, Spec: spec, Created: now.UTC()}
 	js := &jobState{j: j, lease: ls}
 	ls.jobs = append(ls.jobs, js)
 	l.Jobs = append(l.Jobs, j.ID)
 	s.jobs[j.ID] = js
-	b := newChanges(now)
 	b.job(j)
 	b.lease(l)
-	if l.State == api.LeaseGranted {
-		s.assign(js, b)
-	}
-	return j, b, nil
+	return js
 }
 
 // Job is a live job, nil when the core does not hold it. The value is the

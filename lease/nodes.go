@@ -262,6 +262,8 @@ func (s *Core) taskEnded(js *jobState, node string, e api.ExitReport, state stri
 	switch {
 	case ls.l.State == api.LeaseStopping && !jobsLeft:
 		s.finishLease(ls, ls.final, "", now, b)
+	case ls.l.State == api.LeaseGranted && ls.l.Request.Serve != nil && isEngine(ls, js):
+		s.engineEnded(ls, js, first, e.Reason, now, b)
 	case ls.l.State == api.LeaseGranted && ls.l.Request.Job != nil && len(ls.jobs) > 0 && ls.jobs[0] == js:
 		reason := fmt.Sprintf("its job ended with code %d", first)
 		if e.Reason != "" && e.Reason != "exited" {
@@ -328,6 +330,7 @@ func (s *Core) Tick(now time.Time) *Changes {
 			s.stopLease(ls, api.LeaseExpired, fmt.Sprintf("expired: its time limit of %s was reached", s.timeLimit(ls.l.Request)), s.cfg.PreemptGrace, now, b)
 		}
 	}
+	s.restartEngines(now, b)
 	s.schedule(now, b)
 	return b
 }

@@ -26,6 +26,10 @@ func init() { addCommand(newServeCmd) }
 // serveLogLines is how much of a failed engine's log kiln serve prints.
 const serveLogLines = 20
 
+// serveGiveUp: kiln serve ends a deployment whose engine started this many
+// times without becoming ready (the server would go on, with backoff).
+const serveGiveUp = 3
+
 func newServeCmd() *cobra.Command {
 	var cf clientFlags
 	var project, name, engine, image, ready, workdir string
@@ -52,6 +56,10 @@ run as a process on the node. In the engine's command kiln fills {model} (the
 folder or GGUF file), {model_file} (the GGUF file), {name}, {port}, {tp} (the
 GPUs) and {context}. --process runs a catalogue engine's own command on the node,
 where it is installed, instead of its image.
+
+An engine that ends while its deployment is granted is started again by the
+server after a backoff (1 s, doubling with each quick failure in a row, at most
+5 minutes); ten quick failures in a row end the deployment with the reason.
 
 Once ready, every member of the project reaches the model at
 SERVER/openai/v1 (chat/completions, completions, embeddings, models) with their
@@ -250,9 +258,24 @@ func waitServing(ctx context.Context, c *api.Client, l *api.Lease, wait time.Dur
 			fmt.Fprint(progress, "\r\x1b[K")
 		}
 	}()
+	jobs := len(l.Jobs)
 	for {
 		if l.Deployment != nil && l.Deployment.State == api.DeployReady {
 			return l, nil
+		}
+		if len(l.Jobs) > jobs {
+			// The engine ended and the server started it again.
+			if tty && shown != "" {
+				fmt.Fprint(progress, "\r\x1b[K")
+				shown = ""
+			}
+			ended := &api.Lease{Jobs: l.Jobs[:len(l.Jobs)-1]}
+			fmt.Fprintf(progress, "kiln: the engine ended before it was ready; the server starts it again as job %s\n", printable(l.Jobs[len(l.Jobs)-1]))
+			writeEngineLog(ctx, c, ended, progress)
+			if len(l.Jobs) >= serveGiveUp {
+				return l, fmt.Errorf("the engine ended %d times before it was ready", len(l.Jobs)-1)
+			}
+			jobs = len(l.Jobs)
 		}
 		if api.LeaseFinal(l.State) || l.State == api.LeaseStopping {
 			return l, fmt.Errorf("lease %s is %s before its engine was ready: %s", l.ID, l.State, l.Reason)

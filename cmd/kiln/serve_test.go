@@ -11,8 +11,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -234,6 +236,31 @@ func TestServe(t *testing.T) {
 		t.Errorf("kiln serve ls:\n%s", out)
 	}
 
+	// The engine killed: the server starts it again, and the endpoint
+	// routes to the new one once it answers ready.
+	leaseID, oldJob := list.Leases[0].ID, list.Leases[0].Jobs[0]
+	if n := killProcesses(t, engine, enginetest.Serve); n != 1 {
+		t.Fatalf("killed %d engine processes, want 1", n)
+	}
+	killed := time.Now()
+	waitFor(t, "the engine started again and routed to", 60*time.Second, func() bool {
+		st, _, _ := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"again"}]}`)
+		return st == 200
+	})
+	l, err := e.client(e.member).GetLease(context.Background(), leaseID, api.LeaseWait{})
+	if err != nil || l.State != api.LeaseGranted || len(l.Jobs) != 2 || l.Jobs[0] != oldJob || l.Deployment == nil || l.Deployment.State != api.DeployReady {
+		t.Errorf("after the kill: %+v, %v", l, err)
+	}
+	t.Logf("serving again %s after the kill, as job %s", time.Since(killed).Round(time.Millisecond), l.Jobs[len(l.Jobs)-1])
+	evs, err := e.client(e.member).Events(context.Background(), api.EventFilter{})
+	restarted := false
+	for _, ev := range evs {
+		restarted = restarted || (ev.Kind == "deployment.restarted" && ev.Subject == leaseID)
+	}
+	if err != nil || !restarted {
+		t.Errorf("no deployment.restarted event for %s: %v", leaseID, err)
+	}
+
 	// Another member of the project cannot take the name (the admin is
 	// another user of project default).
 	if _, stderr, code := e.kilnAs(e.admin, append([]string{"serve", model, "--name", "tiny", "--port", strconv.Itoa(ports[1]), "-p", "default", "-d"}, engineCmd(enginetest.Serve)...)...); code == 0 || !strings.Contains(stderr, "already serves tiny") {
@@ -275,4 +302,32 @@ func TestServe(t *testing.T) {
 	if _, stderr, code := e.kilnAs(e.member, "serve", "stop", "tiny"); code != 2 || !strings.Contains(stderr, "no live deployment") {
 		t.Errorf("stopping it again: %d %s", code, stderr)
 	}
+}
+
+// killProcesses kills (SIGKILL) the processes of bin started in mode, and
+// says how many.
+func killProcesses(t *testing.T, bin, mode string) int {
+	t.Helper()
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) > 3 && args[0] == bin && slices.Contains(args, enginetest.Arg) && slices.Contains(args, mode) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+				n++
+			}
+		}
+	}
+	return n
 }
