@@ -637,3 +637,28 @@ func (c *Client) ServeChoose(ctx context.Context, req ServeChooseRequest) (*Serv
 	}
 	return &out, nil
 }
+
+// AddServeTest stores kiln serve test's results with the deployment (a
+// serving lease of the caller's project); the server fills in where it
+// ran.
+func (c *Client) AddServeTest(ctx context.Context, leaseID string, t ServeTest) (*ServeTest, error) {
+	var out ServeTest
+	if err := c.call(ctx, "POST", nil, t, &out, "/v1/leases/{lease id}/serve-tests", leaseID); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ServeTests lists stored test results of the caller's projects, newest
+// first; model "" lists every model's.
+func (c *Client) ServeTests(ctx context.Context, model string) ([]ServeTest, error) {
+	q := url.Values{}
+	if model != "" {
+		q.Set("model", model)
+	}
+	var out ServeTestList
+	if err := c.call(ctx, "GET", q, nil, &out, "/v1/serve-tests"); err != nil {
+		return nil, err
+	}
+	return out.Tests, nil
+}

@@ -225,6 +225,15 @@ func callCases() []callCase {
 			answer: `{"best":{"engine":"llama.cpp","node":"n1","gpus":1,"island":[0],"link":"one GPU","verdict":"runs","verdict_from":"x","memory_per_gpu_bytes":1,"capacity_bytes":2,"context":8,"batch":2,"command":["llama-server"],"port":8080,"ready":"/health"}}`,
 			want: &ServeChooseReply{Best: ServeChoice{Engine: "llama.cpp", Node: "n1", GPUs: 1, Island: []int{0}, Link: "one GPU", Verdict: "runs", VerdictFrom: "x",
 				MemoryPerGPUBytes: 1, CapacityBytes: 2, Context: 8, Batch: 2, Command: []string{"llama-server"}, Port: 8080, Ready: "/health"}}},
+		{name: "AddServeTest", call: func(ctx context.Context, c *Client) (any, error) {
+			return c.AddServeTest(ctx, "l-1", ServeTest{Smoke: []ServeSmoke{{Name: "chat", OK: true}}, Load: []ServeLoad{}})
+		},
+			route: "POST /v1/leases/{id}/serve-tests", values: map[string]string{"id": "l-1"}, status: 201,
+			body:   `{"id":"","lease_id":"","project":"","user":"","model":"","engine":"","node":"","gpus":0,"at":"0001-01-01T00:00:00Z","smoke":[{"name":"chat","ok":true}],"load":[]}`,
+			answer: `{"id":"st-1","lease_id":"l-1","project":"p","user":"u","model":"m","engine":"e","node":"n","gpus":1,"at":"2025-03-01T12:00:00Z","smoke":[],"load":[]}`,
+			want:   &ServeTest{ID: "st-1", LeaseID: "l-1", Project: "p", User: "u", Model: "m", Engine: "e", Node: "n", GPUs: 1, At: t0, Smoke: []ServeSmoke{}, Load: []ServeLoad{}}},
+		{name: "ServeTests", call: func(ctx context.Context, c *Client) (any, error) { return c.ServeTests(ctx, "m") },
+			route: "GET /v1/serve-tests", query: url.Values{"model": {"m"}}, answer: `{"tests":[]}`, want: []ServeTest{}},
 		{name: "GetJob", call: func(ctx context.Context, c *Client) (any, error) { return c.GetJob(ctx, "j-1") },
 			route: "GET /v1/jobs/{id}", values: map[string]string{"id": "j-1"}, answer: mustJSON(job), want: job},
 		{name: "JobLogs", call: func(ctx context.Context, c *Client) (any, error) { return readAll(c.JobLogs(ctx, "j-1", false)) },

@@ -134,3 +134,57 @@ type ServeChooseReply struct {
 	Others  []ServeChoice `json:"others,omitempty"`
 	Skipped []string      `json:"skipped,omitempty"`
 }
+
+// ServeTest is what kiln serve test measured of a deployment: its smoke
+// checks and a load test per concurrency. The server fills in where the
+// deployment ran (engine, image, node, GPUs) and who ran the test, so that
+// one model can be compared across nodes, GPUs and engines.
+type ServeTest struct {
+	ID       string    `json:"id"`
+	LeaseID  string    `json:"lease_id"`
+	Project  string    `json:"project"`
+	User     string    `json:"user"`
+	Model    string    `json:"model"`
+	Engine   string    `json:"engine"`
+	Image    string    `json:"image,omitempty"`
+	Node     string    `json:"node"`
+	GPUs     int       `json:"gpus"`
+	GPUModel string    `json:"gpu_model,omitempty"`
+	At       time.Time `json:"at"`
+	// Smoke are the checks that one request of each kind works.
+	Smoke []ServeSmoke `json:"smoke"`
+	// Load is the concurrency sweep, one level each.
+	Load []ServeLoad `json:"load"`
+}
+
+// ServeSmoke is one smoke check: a completion, a chat turn, a stream.
+type ServeSmoke struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// ServeLoad is a load test at one concurrency: streamed chat completions,
+// Concurrency at once, Requests in all. Times are in milliseconds; TTFT is
+// the time to the first token, ITL the time between tokens.
+type ServeLoad struct {
+	Concurrency           int     `json:"concurrency"`
+	Requests              int     `json:"requests"`
+	Errors                int     `json:"errors"`
+	Seconds               float64 `json:"seconds"`
+	RequestsPerSecond     float64 `json:"requests_per_s"`
+	OutputTokensPerSecond float64 `json:"output_tokens_per_s"`
+	TTFTP50MS             float64 `json:"ttft_p50_ms"`
+	TTFTP99MS             float64 `json:"ttft_p99_ms"`
+	ITLP50MS              float64 `json:"itl_p50_ms"`
+	ITLP99MS              float64 `json:"itl_p99_ms"`
+	LatencyP50MS          float64 `json:"latency_p50_ms"`
+	LatencyP99MS          float64 `json:"latency_p99_ms"`
+	// FirstError is the first failed request's error.
+	FirstError string `json:"first_error,omitempty"`
+}
+
+// ServeTestList is stored test results, newest first.
+type ServeTestList struct {
+	Tests []ServeTest `json:"tests"`
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 	"kiln.dev/kiln/compat"
 	"kiln.dev/kiln/plan"
 	"kiln.dev/kiln/serving"
+	"kiln.dev/kiln/store"
+	"kiln.dev/kiln/textsafe"
 )
 
 // Model deployments (kiln serve): the choice of engine, image, node and
@@ -387,4 +390,113 @@ func sortedModels(ts []serveTarget) []serveTarget {
 		return ts[i].lease < ts[j].lease
 	})
 	return ts
+}
+
+// Bounds of a stored serve test.
+const (
+	maxSmokeChecks = 16
+	maxLoadLevels  = 64
+	maxTestText    = 1024
+)
+
+func parseServeTest(b []byte) (api.ServeTest, error) {
+	var t api.ServeTest
+	if err := decodeJSON(b, &t); err != nil {
+		return t, err
+	}
+	if len(t.Smoke) > maxSmokeChecks || len(t.Load) > maxLoadLevels {
+		return t, fmt.Errorf("at most %d smoke checks and %d load levels", maxSmokeChecks, maxLoadLevels)
+	}
+	for _, s := range t.Smoke {
+		if s.Name == "" || len(s.Name) > 64 || !printableLine(s.Name) || len(s.Detail) > maxTestText || !printableLine(s.Detail) {
+			return t, errors.New("smoke: a check needs a name (at most 64 printable characters) and a detail of at most 1024")
+		}
+	}
+	for _, l := range t.Load {
+		nums := []float64{l.Seconds, l.RequestsPerSecond, l.OutputTokensPerSecond, l.TTFTP50MS, l.TTFTP99MS, l.ITLP50MS, l.ITLP99MS, l.LatencyP50MS, l.LatencyP99MS}
+		for _, v := range nums {
+			if !finite(v) || v < 0 || v > 1e12 {
+				return t, errors.New("load: times and rates must be finite, 0 or more")
+			}
+		}
+		if l.Concurrency < 1 || l.Concurrency > 100000 || l.Requests < 0 || l.Requests > 1e8 || l.Errors < 0 || l.Errors > l.Requests {
+			return t, fmt.Errorf("load: concurrency %d, requests %d, errors %d", l.Concurrency, l.Requests, l.Errors)
+		}
+		if len(l.FirstError) > maxTestText || !printableLine(l.FirstError) {
+			return t, errors.New("load: first_error is at most 1024 printable characters")
+		}
+	}
+	return t, nil
+}
+
+// addServeTest keeps kiln serve test's results with the deployment; where
+// it ran comes from the lease, not from the caller.
+func (s *Server) addServeTest(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	in, ok := readRequest(w, r, maxBody, parseServeTest)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	l, _, err := s.leaseByID(r, r.PathValue("id"))
+	var lc api.Lease
+	if err == nil {
+		lc = *l
+	}
+	s.mu.Unlock()
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	if lc.Request.Serve == nil {
+		writeErr(w, http.StatusConflict, fmt.Errorf("lease %s is not a model deployment (kiln serve)", lc.ID))
+		return
+	}
+	t := api.ServeTest{ID: newID("st-"), LeaseID: lc.ID, Project: lc.Project, User: c.user.Name, Model: lc.Request.Serve.Model,
+		Engine: lc.Request.Serve.Engine, At: time.Now().UTC(), Smoke: in.Smoke, Load: in.Load}
+	if t.Smoke == nil {
+		t.Smoke = []api.ServeSmoke{}
+	}
+	if t.Load == nil {
+		t.Load = []api.ServeLoad{}
+	}
+	if lc.Request.Job != nil {
+		t.Image = lc.Request.Job.Image
+	}
+	for _, a := range lc.Allocations {
+		t.Node, t.GPUs = a.Node, len(a.Devices)
+		if len(a.Devices) > 0 {
+			t.GPUModel = a.Devices[0].Model
+		}
+	}
+	if err := s.st.Update(r.Context(), func(tx *store.Tx) error { return tx.PutServeTest(t) }); err != nil {
+		writeErr(w, http.StatusServiceUnavailable, fmt.Errorf("storing the test: %w", err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, t)
+}
+
+// listServeTests lists the stored tests of the caller's projects.
+func (s *Server) listServeTests(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	model := r.URL.Query().Get("model")
+	if model != "" && serving.CheckName(model) != nil {
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("model %q: not a deployment name", textsafe.Printable(trunc(model))))
+		return
+	}
+	var projects []string
+	if !c.admin() {
+		projects = append([]string{"\x00none"}, c.user.Projects...)
+	}
+	var out []api.ServeTest
+	err := s.st.View(r.Context(), func(tx *store.Tx) error {
+		var err error
+		out, err = tx.ServeTests(projects, model, 200)
+		return err
+	})
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.ServeTestList{Tests: out})
 }

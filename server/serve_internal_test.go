@@ -101,3 +101,31 @@ func FuzzParseServeChoose(f *testing.F) {
 		_, _, _ = servingInput(r)
 	})
 }
+
+// A kept test is the caller's bytes: what the decoder accepts is bounded
+// and sane.
+func FuzzParseServeTest(f *testing.F) {
+	f.Add([]byte(`{"smoke":[{"name":"chat","ok":true,"detail":"hi"}],"load":[{"concurrency":4,"requests":8,"errors":0,"seconds":0.5,"requests_per_s":16,"output_tokens_per_s":96,"ttft_p50_ms":3,"ttft_p99_ms":8,"itl_p50_ms":1,"itl_p99_ms":5,"latency_p50_ms":11,"latency_p99_ms":19}]}`))
+	f.Add([]byte(`{"load":[{"concurrency":0}]}`))
+	f.Add([]byte(`{"smoke":[{"name":"\u001b[2J","ok":true}]}`))
+	f.Add([]byte(`{"load":[{"concurrency":1,"requests":1,"errors":2}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, err := parseServeTest(b)
+		if err != nil {
+			return
+		}
+		if len(st.Smoke) > maxSmokeChecks || len(st.Load) > maxLoadLevels {
+			t.Fatalf("accepted %d checks, %d levels", len(st.Smoke), len(st.Load))
+		}
+		for _, s := range st.Smoke {
+			if !printableLine(s.Name) || !printableLine(s.Detail) || len(s.Detail) > maxTestText {
+				t.Fatalf("accepted the check %q", s.Name)
+			}
+		}
+		for _, l := range st.Load {
+			if l.Concurrency < 1 || l.Errors > l.Requests || l.Errors < 0 || !finite(l.LatencyP99MS) || l.LatencyP99MS < 0 {
+				t.Fatalf("accepted the level %+v", l)
+			}
+		}
+	})
+}

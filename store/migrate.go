@@ -96,6 +96,17 @@ CREATE INDEX events_project ON events(project, seq);`,
 	`ALTER TABLE join_tokens ADD COLUMN uses INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE join_tokens ADD COLUMN used INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE join_tokens ADD COLUMN revoked_at TEXT NOT NULL DEFAULT '';`,
+	// 4: kiln serve test's results (JSON, a serveTestRow), kept with the
+	// deployment's lease, listed by project and model.
+	`CREATE TABLE serve_tests (
+	id TEXT PRIMARY KEY,
+	lease_id TEXT NOT NULL,
+	project TEXT NOT NULL,
+	model TEXT NOT NULL,
+	at TEXT NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE INDEX serve_tests_project ON serve_tests(project, model, at);`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {

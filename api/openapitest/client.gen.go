@@ -1047,6 +1047,41 @@ type ServeSpec struct {
 	Source *string `json:"source,omitempty"`
 }
 
+// ServeTest what kiln serve test measured of a deployment; the server fills id, lease_id, project, user, model, engine, image, node, gpus, gpu_model and at
+type ServeTest struct {
+	At       *time.Time `json:"at,omitempty"`
+	Engine   *string    `json:"engine,omitempty"`
+	GpuModel *string    `json:"gpu_model,omitempty"`
+	Gpus     *int       `json:"gpus,omitempty"`
+	ID       *string    `json:"id,omitempty"`
+	Image    *string    `json:"image,omitempty"`
+	LeaseID  *string    `json:"lease_id,omitempty"`
+	Load     []struct {
+		Concurrency      int     `json:"concurrency"`
+		Errors           int     `json:"errors"`
+		FirstError       *string `json:"first_error,omitempty"`
+		ItlP50Ms         float64 `json:"itl_p50_ms"`
+		ItlP99Ms         float64 `json:"itl_p99_ms"`
+		LatencyP50Ms     float64 `json:"latency_p50_ms"`
+		LatencyP99Ms     float64 `json:"latency_p99_ms"`
+		OutputTokensPerS float64 `json:"output_tokens_per_s"`
+		Requests         int     `json:"requests"`
+		RequestsPerS     float64 `json:"requests_per_s"`
+		Seconds          float64 `json:"seconds"`
+		TtftP50Ms        float64 `json:"ttft_p50_ms"`
+		TtftP99Ms        float64 `json:"ttft_p99_ms"`
+	} `json:"load"`
+	Model   *string `json:"model,omitempty"`
+	Node    *string `json:"node,omitempty"`
+	Project *string `json:"project,omitempty"`
+	Smoke   []struct {
+		Detail *string `json:"detail,omitempty"`
+		Name   string  `json:"name"`
+		Ok     bool    `json:"ok"`
+	} `json:"smoke"`
+	User *string `json:"user,omitempty"`
+}
+
 // SessionOrder a session an agent is asked to open, and who opened it
 type SessionOrder struct {
 	Cols *int `json:"cols,omitempty"`
@@ -1306,6 +1341,12 @@ type OpenSessionParams struct {
 	Rank *int `form:"rank,omitempty" json:"rank,omitempty"`
 }
 
+// ListServeTestsParams defines parameters for ListServeTests.
+type ListServeTestsParams struct {
+	// Model only this deployment name's
+	Model *string `form:"model,omitempty" json:"model,omitempty"`
+}
+
 // OpenAIChatCompletionsJSONRequestBody defines body for OpenAIChatCompletions for application/json ContentType.
 type OpenAIChatCompletionsJSONRequestBody = OpenAIRequest
 
@@ -1335,6 +1376,9 @@ type CreateLeaseJSONRequestBody = LeaseRequest
 
 // AddJobJSONRequestBody defines body for AddJob for application/json ContentType.
 type AddJobJSONRequestBody = JobSpec
+
+// AddServeTestJSONRequestBody defines body for AddServeTest for application/json ContentType.
+type AddServeTestJSONRequestBody = ServeTest
 
 // DrainNodeJSONRequestBody defines body for DrainNode for application/json ContentType.
 type DrainNodeJSONRequestBody = DrainRequest
@@ -1938,6 +1982,34 @@ type ClientInterface interface {
 	// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
 	ProxyPortPutWithBody(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// AddServeTestWithBody Keep kiln serve test's results with a deployment
+	//
+	// The smoke checks and load levels kiln serve test measured through the
+	// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+	// it and when, and where the deployment runs (its model, engine, image,
+	// node, GPUs and GPU model, from the lease), so that one model is
+	// compared across nodes, GPUs and engines. 409 for a lease that is not a
+	// deployment.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+	AddServeTestWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// AddServeTest Keep kiln serve test's results with a deployment
+	//
+	// The smoke checks and load levels kiln serve test measured through the
+	// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+	// it and when, and where the deployment runs (its model, engine, image,
+	// node, GPUs and GPU model, from the lease), so that one model is
+	// compared across nodes, GPUs and engines. 409 for a lease that is not a
+	// deployment.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+	AddServeTest(ctx context.Context, id string, body AddServeTestJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// OpenSessionWithBody Run a command beside a running job of the lease (kiln exec, kiln shell)
 	//
 	// A full-duplex stream (HTTP/2) of session frames: a kind byte, the
@@ -2029,6 +2101,11 @@ type ClientInterface interface {
 	//
 	// Corresponds with PUT /v1/projects/{name} (the `PutProject` operationId).
 	PutProject(ctx context.Context, name Name, body PutProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListServeTests Kept kiln serve test results of the caller's projects, newest first
+	//
+	// Corresponds with GET /v1/serve-tests (the `ListServeTests` operationId).
+	ListServeTests(ctx context.Context, params *ListServeTestsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ServeChooseWithBody How the server's nodes would serve a model
 	//
@@ -2976,6 +3053,54 @@ func (c *Client) ProxyPortPutWithBody(ctx context.Context, id LeaseID, port Port
 	return c.Client.Do(req)
 }
 
+// AddServeTestWithBody Keep kiln serve test's results with a deployment
+//
+// The smoke checks and load levels kiln serve test measured through the
+// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+// it and when, and where the deployment runs (its model, engine, image,
+// node, GPUs and GPU model, from the lease), so that one model is
+// compared across nodes, GPUs and engines. 409 for a lease that is not a
+// deployment.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+func (c *Client) AddServeTestWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAddServeTestRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// AddServeTest Keep kiln serve test's results with a deployment
+//
+// The smoke checks and load levels kiln serve test measured through the
+// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+// it and when, and where the deployment runs (its model, engine, image,
+// node, GPUs and GPU model, from the lease), so that one model is
+// compared across nodes, GPUs and engines. 409 for a lease that is not a
+// deployment.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+func (c *Client) AddServeTest(ctx context.Context, id string, body AddServeTestJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAddServeTestRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // OpenSessionWithBody Run a command beside a running job of the lease (kiln exec, kiln shell)
 //
 // A full-duplex stream (HTTP/2) of session frames: a kind byte, the
@@ -3158,6 +3283,21 @@ func (c *Client) PutProjectWithBody(ctx context.Context, name Name, contentType 
 // Corresponds with PUT /v1/projects/{name} (the `PutProject` operationId).
 func (c *Client) PutProject(ctx context.Context, name Name, body PutProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPutProjectRequest(c.Server, name, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListServeTests Kept kiln serve test results of the caller's projects, newest first
+//
+// Corresponds with GET /v1/serve-tests (the `ListServeTests` operationId).
+func (c *Client) ListServeTests(ctx context.Context, params *ListServeTestsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListServeTestsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -4807,6 +4947,53 @@ func NewProxyPortPutRequestWithBody(server string, id LeaseID, port Port, path P
 	return req, nil
 }
 
+// NewAddServeTestRequest calls the generic AddServeTest builder with application/json body
+func NewAddServeTestRequest(server string, id string, body AddServeTestJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewAddServeTestRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewAddServeTestRequestWithBody constructs an http.Request for the AddServeTest method, with any body, and a specified content type
+func NewAddServeTestRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/serve-tests", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewOpenSessionRequestWithBody constructs an http.Request for the OpenSession method, with any body, and a specified content type
 func NewOpenSessionRequestWithBody(server string, id LeaseID, params *OpenSessionParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
@@ -5128,6 +5315,60 @@ func NewPutProjectRequestWithBody(server string, name Name, contentType string, 
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListServeTestsRequest constructs an http.Request for the ListServeTests method
+func NewListServeTestsRequest(server string, params *ListServeTestsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/serve-tests")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Model != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "model", *params.Model, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -5897,6 +6138,34 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PUT /v1/leases/{id}/ports/{port}/http/{path} (the `ProxyPortPut` operationId).
 	ProxyPortPutWithBodyWithResponse(ctx context.Context, id LeaseID, port Port, path ProxyPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyPortPutResponse, error)
 
+	// AddServeTestWithBodyWithResponse Keep kiln serve test's results with a deployment
+	//
+	// The smoke checks and load levels kiln serve test measured through the
+	// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+	// it and when, and where the deployment runs (its model, engine, image,
+	// node, GPUs and GPU model, from the lease), so that one model is
+	// compared across nodes, GPUs and engines. 409 for a lease that is not a
+	// deployment.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+	AddServeTestWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AddServeTestResponse, error)
+
+	// AddServeTestWithResponse Keep kiln serve test's results with a deployment
+	//
+	// The smoke checks and load levels kiln serve test measured through the
+	// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+	// it and when, and where the deployment runs (its model, engine, image,
+	// node, GPUs and GPU model, from the lease), so that one model is
+	// compared across nodes, GPUs and engines. 409 for a lease that is not a
+	// deployment.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+	AddServeTestWithResponse(ctx context.Context, id string, body AddServeTestJSONRequestBody, reqEditors ...RequestEditorFn) (*AddServeTestResponse, error)
+
 	// OpenSessionWithBodyWithResponse Run a command beside a running job of the lease (kiln exec, kiln shell)
 	//
 	// A full-duplex stream (HTTP/2) of session frames: a kind byte, the
@@ -5998,6 +6267,13 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PUT /v1/projects/{name} (the `PutProject` operationId).
 	PutProjectWithResponse(ctx context.Context, name Name, body PutProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProjectResponse, error)
+
+	// ListServeTestsWithResponse Kept kiln serve test results of the caller's projects, newest first
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/serve-tests (the `ListServeTests` operationId).
+	ListServeTestsWithResponse(ctx context.Context, params *ListServeTestsParams, reqEditors ...RequestEditorFn) (*ListServeTestsResponse, error)
 
 	// ServeChooseWithBodyWithResponse How the server's nodes would serve a model
 	//
@@ -8945,6 +9221,96 @@ func (r ProxyPortPutResponse) ContentType() string {
 	return ""
 }
 
+// AddServeTestResponse429Headers the declared response headers of an HTTP 429 response for AddServeTest
+type AddServeTestResponse429Headers struct {
+	RetryAfter *int
+}
+
+type AddServeTestResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *ServeTest
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *AddServeTestResponse429Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r AddServeTestResponse) GetJSON201() *ServeTest {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r AddServeTestResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r AddServeTestResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r AddServeTestResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r AddServeTestResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r AddServeTestResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r AddServeTestResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r AddServeTestResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r AddServeTestResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r AddServeTestResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r AddServeTestResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // OpenSessionResponse200Headers the declared response headers of an HTTP 200 response for OpenSession
 type OpenSessionResponse200Headers struct {
 	XKilnTunnel *string
@@ -9700,6 +10066,86 @@ func (r PutProjectResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r PutProjectResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListServeTestsResponse429Headers the declared response headers of an HTTP 429 response for ListServeTests
+type ListServeTestsResponse429Headers struct {
+	RetryAfter *int
+}
+
+type ListServeTestsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *struct {
+		Tests []ServeTest `json:"tests"`
+	}
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListServeTestsResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListServeTestsResponse) GetJSON200() *struct {
+	Tests []ServeTest `json:"tests"`
+} {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListServeTestsResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListServeTestsResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListServeTestsResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ListServeTestsResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ListServeTestsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListServeTestsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListServeTestsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListServeTestsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -11127,6 +11573,46 @@ func (c *ClientWithResponses) ProxyPortPutWithBodyWithResponse(ctx context.Conte
 	return ParseProxyPortPutResponse(rsp)
 }
 
+// AddServeTestWithBodyWithResponse Keep kiln serve test's results with a deployment
+//
+// The smoke checks and load levels kiln serve test measured through the
+// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+// it and when, and where the deployment runs (its model, engine, image,
+// node, GPUs and GPU model, from the lease), so that one model is
+// compared across nodes, GPUs and engines. 409 for a lease that is not a
+// deployment.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+func (c *ClientWithResponses) AddServeTestWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AddServeTestResponse, error) {
+	rsp, err := c.AddServeTestWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAddServeTestResponse(rsp)
+}
+
+// AddServeTestWithResponse Keep kiln serve test's results with a deployment
+//
+// The smoke checks and load levels kiln serve test measured through the
+// OpenAI-compatible endpoint. The server fills in the test's id, who ran
+// it and when, and where the deployment runs (its model, engine, image,
+// node, GPUs and GPU model, from the lease), so that one model is
+// compared across nodes, GPUs and engines. 409 for a lease that is not a
+// deployment.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/leases/{id}/serve-tests (the `AddServeTest` operationId).
+func (c *ClientWithResponses) AddServeTestWithResponse(ctx context.Context, id string, body AddServeTestJSONRequestBody, reqEditors ...RequestEditorFn) (*AddServeTestResponse, error) {
+	rsp, err := c.AddServeTest(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAddServeTestResponse(rsp)
+}
+
 // OpenSessionWithBodyWithResponse Run a command beside a running job of the lease (kiln exec, kiln shell)
 //
 // A full-duplex stream (HTTP/2) of session frames: a kind byte, the
@@ -11287,6 +11773,19 @@ func (c *ClientWithResponses) PutProjectWithResponse(ctx context.Context, name N
 		return nil, err
 	}
 	return ParsePutProjectResponse(rsp)
+}
+
+// ListServeTestsWithResponse Kept kiln serve test results of the caller's projects, newest first
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/serve-tests (the `ListServeTests` operationId).
+func (c *ClientWithResponses) ListServeTestsWithResponse(ctx context.Context, params *ListServeTestsParams, reqEditors ...RequestEditorFn) (*ListServeTestsResponse, error) {
+	rsp, err := c.ListServeTests(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListServeTestsResponse(rsp)
 }
 
 // ServeChooseWithBodyWithResponse How the server's nodes would serve a model
@@ -13976,6 +14475,87 @@ func ParseProxyPortPutResponse(rsp *http.Response) (*ProxyPortPutResponse, error
 	return response, nil
 }
 
+// ParseAddServeTestResponse parses an HTTP response from a AddServeTestWithResponse call
+func ParseAddServeTestResponse(rsp *http.Response) (*AddServeTestResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &AddServeTestResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest ServeTest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers AddServeTestResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseOpenSessionResponse parses an HTTP response from a OpenSessionWithResponse call
 func ParseOpenSessionResponse(rsp *http.Response) (*OpenSessionResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -14652,6 +15232,75 @@ func ParsePutProjectResponse(rsp *http.Response) (*PutProjectResponse, error) {
 	switch {
 	case rsp.StatusCode == 429:
 		var headers PutProjectResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListServeTestsResponse parses an HTTP response from a ListServeTestsWithResponse call
+func ParseListServeTestsResponse(rsp *http.Response) (*ListServeTestsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListServeTestsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest struct {
+			Tests []ServeTest `json:"tests"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListServeTestsResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -236,6 +236,47 @@ func TestServe(t *testing.T) {
 		t.Errorf("kiln serve ls:\n%s", out)
 	}
 
+	// kiln serve test: the smoke checks and a load sweep through the
+	// endpoint, kept with the deployment.
+	out, stderr, code = e.kilnAs(e.member, "serve", "test", "tiny", "--concurrency", "1,4", "--requests", "8", "--max-tokens", "16", "-o", "json")
+	var res api.ServeTest
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil {
+		t.Fatalf("kiln serve test: %d %s\n%s", code, stderr, out)
+	}
+	if res.ID == "" || res.Model != "tiny" || res.Engine != "custom" || res.Node != choice.Best.Node || res.GPUs != 1 || len(res.Smoke) != 4 || len(res.Load) != 2 {
+		t.Errorf("the test kept: %+v", res)
+	}
+	for _, s := range res.Smoke {
+		if !s.OK {
+			t.Errorf("smoke check %s failed: %s", s.Name, s.Detail)
+		}
+	}
+	for _, l := range res.Load {
+		// The engine answers the 5-word prompt with 6 words a millisecond
+		// apart (6 tokens by its usage); chunks may arrive together, so only
+		// the slowest gaps show the millisecond.
+		if l.Requests != 8 || l.Errors != 0 || l.RequestsPerSecond <= 0 || l.TTFTP50MS <= 0 || l.ITLP99MS < 0.9 || l.LatencyP99MS < l.LatencyP50MS ||
+			l.OutputTokensPerSecond < 5.9*l.RequestsPerSecond || l.OutputTokensPerSecond > 6.1*l.RequestsPerSecond {
+			t.Errorf("load at %d: %+v", l.Concurrency, l)
+		}
+	}
+	out, _, code = e.kilnAs(e.member, "serve", "tests", "tiny", "-o", "json")
+	var kept api.ServeTestList
+	if code != 0 || json.Unmarshal([]byte(out), &kept) != nil || len(kept.Tests) != 1 || kept.Tests[0].ID != res.ID {
+		t.Errorf("kiln serve tests: %d %s", code, out)
+	}
+	if out, _, _ := e.kilnAs(e.member, "serve", "tests", "tiny"); !strings.Contains(out, "TTFT P50") || !strings.Contains(out, "custom") {
+		t.Errorf("kiln serve tests:\n%s", out)
+	} else {
+		t.Logf("kiln serve tests tiny:\n%s", out)
+	}
+	if out, _, _ := e.kilnAs(e.victim, "serve", "tests", "-o", "json"); !strings.Contains(out, `"tests": []`) {
+		t.Errorf("victor sees mallory's tests: %s", out)
+	}
+	if _, err := e.client(e.victim).AddServeTest(context.Background(), list.Leases[0].ID, api.ServeTest{}); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Errorf("victor keeping a test on mallory's deployment: %v", err)
+	}
+
 	// The engine killed: the server starts it again, and the endpoint
 	// routes to the new one once it answers ready.
 	leaseID, oldJob := list.Leases[0].ID, list.Leases[0].Jobs[0]
