@@ -1,0 +1,44 @@
+package modelstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A download is checked by its size and digest before it takes its
+// place; a bad one leaves nothing.
+func TestFetchBlob(t *testing.T) {
+	dir := t.TempDir()
+	body := "the weights"
+	sum := sha256.Sum256([]byte(body))
+	good := hex.EncodeToString(sum[:])
+	blob := filepath.Join(dir, good)
+	for name, tc := range map[string]struct {
+		body string
+		size int64
+		want string
+	}{
+		"digest": {"the weighTs", int64(len(body)), "digest"},
+		"short":  {"the weigh", int64(len(body)), "sent 9 of 11"},
+		"long":   {body + "!", int64(len(body)), "more than"},
+	} {
+		_, err := fetchBlob(context.Background(), strings.NewReader(tc.body), blob, good, tc.size, func(int64) {})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v", name, err)
+		}
+		if es, _ := os.ReadDir(dir); len(es) != 0 {
+			t.Errorf("%s: left %d files", name, len(es))
+		}
+	}
+	if _, err := fetchBlob(context.Background(), strings.NewReader(body), blob, good, int64(len(body)), func(int64) {}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(blob); err != nil || fi.Mode().Perm() != 0o444 {
+		t.Errorf("the blob: %v, %v", fi, err)
+	}
+}
