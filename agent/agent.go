@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -60,10 +62,20 @@ type Config struct {
 	Rescan time.Duration
 	// WorkDir is where jobs without a working directory run.
 	WorkDir string
+	// Models pulls the models of the lab's registry jobs need (nil: such
+	// a job fails to start, saying so).
+	Models ModelPuller
 	// Metrics is the node's Prometheus endpoint (none without a
 	// listener).
 	Metrics MetricsConfig
 	Logger  *slog.Logger
+}
+
+// ModelPuller makes a model of the lab's registry present on the node and
+// says where: its folder, and its weights file (GGUF) or "". inUse are the
+// digests of the models running jobs use, which it must keep.
+type ModelPuller interface {
+	PullPinned(ctx context.Context, ref, digest string, progress func(done, total int64), inUse []string) (dir, file string, err error)
 }
 
 // Agent runs on one node.
@@ -97,6 +109,7 @@ type job struct {
 	h       executor.Handle
 	stopped string // stop reason, once ordered
 	logsEnd chan struct{}
+	model   string // the digest of the model it uses, once pulled
 }
 
 // New makes an agent from its identity.
@@ -466,7 +479,112 @@ func (a *Agent) start(ctx context.Context, as api.Assignment) {
 	j := &job{a: as, logsEnd: make(chan struct{})}
 	a.jobs[as.JobID] = j
 	a.mu.Unlock()
+	if as.Spec.Model != nil {
+		// A pull may take minutes: the heartbeats go on meanwhile.
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.pullThenLaunch(ctx, j)
+		}()
+		return
+	}
+	a.launch(ctx, j)
+}
 
+// pullThenLaunch pulls the job's model into the node's cache, telling the
+// job's log how far it is, then starts the job with {model} and
+// {model_file} filled.
+func (a *Agent) pullThenLaunch(ctx context.Context, j *job) {
+	as := j.a
+	m := as.Spec.Model
+	fail := func(err error) {
+		close(j.logsEnd)
+		a.postLog(ctx, as.JobID, []byte("kiln: the job failed to start: "+err.Error()+"\n"))
+		a.finish(ctx, as.JobID, api.ExitReport{Code: -1, Reason: "failed to start"})
+	}
+	if a.cfg.Models == nil {
+		fail(fmt.Errorf("the job needs the model %s, and this node has no model cache (kiln agent --model-cache)", m.Ref))
+		return
+	}
+	a.postLog(ctx, as.JobID, []byte(fmt.Sprintf("kiln: pulling the model %s into the node's cache\n", m.Ref)))
+	var last time.Time
+	progress := func(done, total int64) {
+		if time.Since(last) < 2*time.Second && done < total {
+			return
+		}
+		last = time.Now()
+		a.postLog(ctx, as.JobID, []byte(fmt.Sprintf("kiln: model %s: %d of %d MiB\n", m.Ref, done>>20, total>>20)))
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		// A stop order during the pull ends it.
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-t.C:
+				a.mu.Lock()
+				stopped := j.stopped != ""
+				a.mu.Unlock()
+				if stopped {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	dir, file, err := a.cfg.Models.PullPinned(pctx, m.Ref, m.Digest, progress, a.modelsInUse())
+	a.mu.Lock()
+	stopped := j.stopped
+	a.mu.Unlock()
+	if stopped != "" {
+		close(j.logsEnd)
+		a.finish(ctx, as.JobID, api.ExitReport{Code: -1, Reason: stopped})
+		return
+	}
+	if err != nil {
+		fail(fmt.Errorf("pulling the model %s: %w", m.Ref, err))
+		return
+	}
+	if file == "" {
+		file = dir
+	}
+	fill := strings.NewReplacer("{model}", dir, "{model_file}", file)
+	spec := as.Spec
+	spec.Command = slices.Clone(spec.Command)
+	for i, w := range spec.Command {
+		spec.Command[i] = fill.Replace(w)
+	}
+	spec.Env = maps.Clone(spec.Env)
+	for k, v := range spec.Env {
+		spec.Env[k] = fill.Replace(v)
+	}
+	a.mu.Lock()
+	j.a.Spec = spec
+	j.model = m.Digest
+	a.mu.Unlock()
+	a.launch(ctx, j)
+}
+
+// modelsInUse are the digests of the models the node's jobs use.
+func (a *Agent) modelsInUse() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for _, j := range a.jobs {
+		if j.model != "" {
+			out = append(out, j.model)
+		}
+	}
+	return out
+}
+
+// launch starts a job with its executor.
+func (a *Agent) launch(ctx context.Context, j *job) {
+	as := j.a
 	ej := executor.Job{ID: as.JobID, LeaseID: as.LeaseID, Command: as.Spec.Command, Image: as.Spec.Image, WorkDir: as.Spec.WorkDir, Env: map[string]string{}}
 	for k, v := range as.Spec.Env {
 		ej.Env[k] = v

@@ -56,8 +56,12 @@ type ServeModel struct {
 	WeightsBytes int64  `json:"weights_bytes"`
 	// Path is where the model lies, as the nodes see it (shared storage):
 	// its folder, or its GGUF file; File is its one weights file (GGUF).
-	Path string `json:"path"`
+	Path string `json:"path,omitempty"`
 	File string `json:"file,omitempty"`
+	// Ref is a model of the lab's registry instead (kiln model push),
+	// pinned: REGISTRY/REPOSITORY@sha256:...; File is then its weights
+	// file's path inside the model.
+	Ref string `json:"ref,omitempty"`
 	// Shape is the model's, from its config.json or GGUF header; a GGUF
 	// file may have none.
 	Shape *ModelShape `json:"shape,omitempty"`

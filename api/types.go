@@ -198,6 +198,18 @@ type JobSpec struct {
 	// Ports are TCP ports the job listens on, reached with kiln forward
 	// or the server's HTTP path; no other port of the node is.
 	Ports []int `json:"ports,omitempty"`
+	// Model is a model of the lab's registry (kiln model push) the node
+	// pulls into its cache before the job starts; {model} and
+	// {model_file} in the command and the environment become its folder
+	// and its weights file there.
+	Model *JobModel `json:"model,omitempty"`
+}
+
+// JobModel is a model a job needs, pinned to its digest.
+type JobModel struct {
+	// Ref is REGISTRY/REPOSITORY@sha256:..., or with a tag and Digest.
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
 }
 
 // DeviceGrant is one GPU, MIG instance or share of a GPU in a lease.

@@ -314,6 +314,20 @@ func checkReadyPath(p string) error {
 	return nil
 }
 
+// validDigest: sha256: and 64 lowercase hex digits.
+func validDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // printableLine: no control characters, valid UTF-8.
 func printableLine(s string) bool {
 	if !utf8.ValidString(s) {
@@ -349,9 +363,22 @@ func checkServeChoose(r *api.ServeChooseRequest) error {
 	if m.WeightsBytes < 0 || m.WeightsBytes > 1<<50 {
 		return fmt.Errorf("model.weights_bytes %d: want 0 to 2^50", m.WeightsBytes)
 	}
-	for k, p := range map[string]string{"model.path": m.Path, "model.file": m.File} {
-		if (p != "" || k == "model.path") && (!strings.HasPrefix(p, "/") || len(p) > 4096 || !printableLine(p)) {
-			return fmt.Errorf("%s %q: want an absolute path as the nodes see it", k, trunc(p))
+	if (m.Path == "") == (m.Ref == "") {
+		return errors.New("model: give its path (as the nodes see it) or its ref (a model of the lab's registry), one of them")
+	}
+	if m.Ref != "" {
+		at := strings.LastIndex(m.Ref, "@")
+		if at < 0 || !validDigest(m.Ref[at+1:]) || len(m.Ref) > 512 || strings.ContainsAny(m.Ref, " \t\n\x00") || !printableLine(m.Ref) {
+			return fmt.Errorf("model.ref %q: want REGISTRY/REPOSITORY@sha256:... (kiln model inspect gives it)", trunc(m.Ref))
+		}
+		if m.File != "" && (strings.HasPrefix(m.File, "/") || strings.Contains(m.File, "..") || len(m.File) > 1024 || !printableLine(m.File)) {
+			return fmt.Errorf("model.file %q: want a path inside the model", trunc(m.File))
+		}
+	} else {
+		for k, p := range map[string]string{"model.path": m.Path, "model.file": m.File} {
+			if (p != "" || k == "model.path") && (!strings.HasPrefix(p, "/") || len(p) > 4096 || !printableLine(p)) {
+				return fmt.Errorf("%s %q: want an absolute path as the nodes see it", k, trunc(p))
+			}
 		}
 	}
 	if sh := m.Shape; sh != nil {
@@ -449,6 +476,14 @@ func checkJobSpec(j *api.JobSpec) error {
 	}
 	if strings.ContainsRune(j.WorkDir, 0) || len(j.WorkDir) > 4096 {
 		return errors.New("job.workdir: not a path")
+	}
+	if m := j.Model; m != nil {
+		if m.Ref == "" || len(m.Ref) > 512 || strings.ContainsAny(m.Ref, " \t\n\x00") || !printableLine(m.Ref) {
+			return fmt.Errorf("job.model.ref %q: not a model reference", trunc(m.Ref))
+		}
+		if !validDigest(m.Digest) {
+			return fmt.Errorf("job.model.digest %q: want sha256: and 64 hex digits", trunc(m.Digest))
+		}
 	}
 	return checkPorts(j.Ports)
 }

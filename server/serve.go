@@ -344,6 +344,11 @@ func apiChoice(c serving.Choice, e serving.Engine, m serving.Model) (api.ServeCh
 	if file == "" {
 		file = m.Path
 	}
+	if m.Path == "" {
+		// A model of the registry: the node fills in where its cache
+		// holds it.
+		modelArg, file = "{model}", "{model_file}"
+	}
 	args, err := e.Args(serving.Values{Model: modelArg, ModelFile: file, Name: m.Name, Port: e.Port, TP: c.GPUs, Context: c.Context})
 	if err != nil {
 		return api.ServeChoice{}, err
@@ -358,6 +363,9 @@ func apiChoice(c serving.Choice, e serving.Engine, m serving.Model) (api.ServeCh
 func servingInput(req api.ServeChooseRequest) (serving.Model, serving.Request, error) {
 	m := serving.Model{Name: req.Model.Name, Format: req.Model.Format, Precision: req.Model.Precision,
 		WeightsBytes: req.Model.WeightsBytes, Path: req.Model.Path, File: req.Model.File}
+	if req.Model.Ref != "" {
+		m.Path, m.File = "", ""
+	}
 	if sh := req.Model.Shape; sh != nil {
 		m.Arch = &plan.Model{Name: req.Model.Name, Layers: sh.Layers, EncoderLayers: sh.EncoderLayers, Hidden: sh.Hidden,
 			Heads: sh.Heads, KVHeads: sh.KVHeads, HeadDim: sh.HeadDim, FFN: sh.FFN, Gated: sh.Gated, Tied: sh.Tied,

@@ -80,6 +80,8 @@ func FuzzParseServeChoose(f *testing.F) {
 		`{"model":{"name":"../x","format":"gguf","path":"/m"}}`, `{"model":{"name":"x","format":"gguf","path":"rel"}}`,
 		`{"model":{"name":"x","format":"onnx","path":"/m"}}`, `{"model":{"name":"x","format":"gguf","path":"/m"},"ready":"/../admin"}`,
 		`{"model":{"name":"x","format":"gguf","path":"/m\u001b[31m"}}`, `{}`, `null`,
+		`{"model":{"name":"x","format":"gguf","ref":"reg:5000/m@sha256:` + strings.Repeat("a", 64) + `","file":"m.gguf"}}`,
+		`{"model":{"name":"x","format":"gguf","ref":"reg:5000/m:v1"}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -88,7 +90,10 @@ func FuzzParseServeChoose(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if serving.CheckName(r.Model.Name) != nil || !strings.HasPrefix(r.Model.Path, "/") || !utf8.ValidString(r.Model.Path) || !printableLine(r.Model.Path) {
+		if r.Model.Ref != "" && (r.Model.Path != "" || !strings.Contains(r.Model.Ref, "@sha256:") || !printableLine(r.Model.Ref)) {
+			t.Fatalf("accepted the ref %q", r.Model.Ref)
+		}
+		if serving.CheckName(r.Model.Name) != nil || (r.Model.Ref == "" && (!strings.HasPrefix(r.Model.Path, "/") || !utf8.ValidString(r.Model.Path) || !printableLine(r.Model.Path))) {
 			t.Fatalf("accepted %q", b)
 		}
 		if r.Ready != "" && (checkReadyPath(r.Ready) != nil || strings.Contains(r.Ready, "..")) {

@@ -89,6 +89,12 @@ type jobSpecRow struct {
 	Env     map[string]string `json:"env,omitempty"`
 	WorkDir string            `json:"workdir,omitempty"`
 	Ports   []int             `json:"ports,omitempty"`
+	Model   *jobModelRow      `json:"model,omitempty"`
+}
+
+type jobModelRow struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
 }
 
 type allocationRow struct {
@@ -365,11 +371,13 @@ func constraintsFromRow(r constraintsRow) api.Constraints {
 }
 
 func jobSpecToRow(s api.JobSpec) jobSpecRow {
-	return jobSpecRow{Command: s.Command, Image: s.Image, Env: s.Env, WorkDir: s.WorkDir, Ports: s.Ports}
+	return jobSpecRow{Command: s.Command, Image: s.Image, Env: s.Env, WorkDir: s.WorkDir, Ports: s.Ports,
+		Model: mapPtr(s.Model, func(m api.JobModel) jobModelRow { return jobModelRow{Ref: m.Ref, Digest: m.Digest} })}
 }
 
 func jobSpecFromRow(r jobSpecRow) api.JobSpec {
-	return api.JobSpec{Command: r.Command, Image: r.Image, Env: r.Env, WorkDir: r.WorkDir, Ports: r.Ports}
+	return api.JobSpec{Command: r.Command, Image: r.Image, Env: r.Env, WorkDir: r.WorkDir, Ports: r.Ports,
+		Model: mapPtr(r.Model, func(m jobModelRow) api.JobModel { return api.JobModel{Ref: m.Ref, Digest: m.Digest} })}
 }
 
 func allocationToRow(a api.Allocation) allocationRow {

@@ -601,6 +601,14 @@ type JobSpec struct {
 	// Image a container image reference
 	Image *string `json:"image,omitempty"`
 
+	// Model a model of the lab's registry (kiln model push) the node pulls into its cache before the job starts; {model} and {model_file} in the command and the environment become its folder and weights file there
+	Model *struct {
+		Digest string `json:"digest"`
+
+		// Ref REGISTRY/REPOSITORY:TAG or @sha256:...
+		Ref string `json:"ref"`
+	} `json:"model,omitempty"`
+
 	// Ports TCP ports the job listens on; kiln forward and
 	// /v1/leases/{id}/ports/{port}/connect reach these and no others
 	Ports   *[]int  `json:"ports,omitempty"`
@@ -1009,18 +1017,21 @@ type ServeChooseRequest struct {
 
 // ServeModel what kiln serve read of a model where it lies
 type ServeModel struct {
-	// File its one weights file (GGUF)
+	// File its one weights file (GGUF); inside the model for a ref
 	File   *string          `json:"file,omitempty"`
 	Format ServeModelFormat `json:"format"`
 
 	// Name the name clients will ask for
 	Name string `json:"name"`
 
-	// Path its folder or GGUF file, absolute, as the nodes see it
-	Path string `json:"path"`
+	// Path its folder or GGUF file, absolute, as the nodes see it (or ref)
+	Path *string `json:"path,omitempty"`
 
 	// Precision bf16, fp16, fp32, fp8; absent: bf16
 	Precision *string `json:"precision,omitempty"`
+
+	// Ref a model of the lab's registry instead of a path, pinned: REGISTRY/REPOSITORY@sha256:...
+	Ref *string `json:"ref,omitempty"`
 
 	// Shape a transformer's shape, as kiln plan sizes it
 	Shape        *ModelShape `json:"shape,omitempty"`

@@ -30,6 +30,7 @@ type agentFlags struct {
 	rescan    time.Duration
 	workdir   string
 	metrics   metricsFlags
+	models    modelCacheFlags
 }
 
 // metricsFlags are the agent's Prometheus endpoint's flags.
@@ -112,6 +113,7 @@ func (f *agentFlags) add(cmd *cobra.Command) {
 	fl.DurationVar(&f.rescan, "rescan", 5*time.Minute, "how often the node is discovered again (changes are sent to the server)")
 	fl.StringVar(&f.workdir, "workdir", "", "where jobs without a working directory run (default: the agent's)")
 	f.metrics.add(cmd)
+	f.models.add(cmd)
 }
 
 func (f *agentFlags) stateDir() string {
@@ -149,7 +151,7 @@ func (f *agentFlags) run(ctx context.Context, id *agent.Identity) error {
 	defer closeSampler()
 	a, err := agent.New(agent.Config{Identity: id, Executor: proc, Containers: ctr, NoContainers: noCtr, CDIDir: f.ctr.cdiDir,
 		Discover: discover, Recorded: recorded, Metrics: mcfg,
-		Heartbeat: f.heartbeat, Rescan: f.rescan, WorkDir: f.workdir, Logger: slog.Default()})
+		Heartbeat: f.heartbeat, Rescan: f.rescan, WorkDir: f.workdir, Models: f.models.puller(), Logger: slog.Default()})
 	if err != nil {
 		return &exitError{code: 3, err: err}
 	}

@@ -36,6 +36,9 @@ type secEnv struct {
 	procs   []*exec.Cmd
 	agent   *exec.Cmd
 	jobRoot string
+	// models is the agents' model cache: outside /tmp, which jobs see
+	// their own of.
+	models string
 }
 
 func buildKiln(t *testing.T) string {
@@ -158,7 +161,15 @@ func setupSecurity(t *testing.T) *secEnv {
 	})
 	addr := freeAddr(t)
 	e.url = "https://" + addr
-	e.start("up", "--demo", "--no-local-agent", "--no-containers", "--data", e.data, "--listen", addr, "--config", e.admin,
+	if err := os.MkdirAll("/var/cache", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if e.models, err = os.MkdirTemp("/var/cache", "kiln-test-models-"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(e.models) })
+	os.Chmod(e.models, 0o755)
+	e.start("up", "--demo", "--no-local-agent", "--no-containers", "--data", e.data, "--listen", addr, "--config", e.admin, "--model-cache", e.models,
 		"--heartbeat", "300ms", "--heartbeat-timeout", "2s", "--grace", "200ms", "--job-dir", filepath.Join(e.jobRoot, "up"))
 	waitFor(t, "kiln up's three demo nodes", 60*time.Second, func() bool {
 		_, err := os.Stat(e.admin)

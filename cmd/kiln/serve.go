@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"kiln.dev/kiln/plan"
 	"kiln.dev/kiln/serving"
 	"kiln.dev/kiln/serving/modeldir"
+	"kiln.dev/kiln/serving/modelstore"
 	"kiln.dev/kiln/units"
 )
 
@@ -34,14 +36,16 @@ func newServeCmd() *cobra.Command {
 	var cf clientFlags
 	var project, name, engine, image, ready, workdir string
 	var port, ctxLen, batch, gpus int
-	var process, dryRun, detach bool
+	var process, dryRun, detach, registryInsecure bool
 	var wait, timeLimit time.Duration
 	cmd := &cobra.Command{
-		Use:   "serve MODEL [flags] [-- ENGINE COMMAND...]",
+		Use:   "serve MODEL|REGISTRY/REPO:TAG [flags] [-- ENGINE COMMAND...]",
 		Short: "Deploy a model behind the server's OpenAI-compatible endpoint",
 		Long: `kiln serve deploys a model: it reads the model where it lies (a Hugging Face
 style folder of config.json and *.safetensors, or one GGUF file, on storage the
-GPU nodes share, at the same path), asks the server how its nodes would serve it,
+GPU nodes share, at the same path; or a model of the lab's registry, stored with
+'kiln model push', which the node's agent pulls into its cache, each file checked
+by its digest, before the engine starts), asks the server how its nodes would serve it,
 leases those GPUs, starts the engine there and waits until it answers ready.
 
 The server chooses from kiln's engine catalogue (vLLM, SGLang, TGI, llama.cpp's
@@ -93,17 +97,17 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 			if len(args) != 1 {
 				return &exitError{code: 3, err: errors.New("give one model: a folder with config.json and *.safetensors, or a .gguf file")}
 			}
-			m, err := modeldir.Read(args[0], "")
+			am, jobModel, source, err := readServeModel(cmd.Context(), args[0], registryInsecure)
 			if err != nil {
-				return &exitError{code: 3, err: err}
+				return err
 			}
 			if name == "" {
-				name = serving.DefaultName(m.Name)
+				name = serving.DefaultName(am.Name)
 			}
 			if err := serving.CheckName(name); err != nil {
 				return &exitError{code: 3, err: fmt.Errorf("--name: %w", err)}
 			}
-			m.Name = name
+			am.Name = name
 			if (image != "" || len(command) > 0) && port == 0 {
 				return &exitError{code: 3, err: errors.New("your own engine needs --port, the port it listens on")}
 			}
@@ -113,7 +117,7 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 			}
 			ctx := cmd.Context()
 			stderr := cmd.ErrOrStderr()
-			creq := api.ServeChooseRequest{Model: apiModel(m), Engine: engine, Image: image, Command: command, Port: port,
+			creq := api.ServeChooseRequest{Model: am, Engine: engine, Image: image, Command: command, Port: port,
 				Ready: ready, Process: process, Context: ctxLen, Batch: batch, GPUs: gpus}
 			if image == "" && len(command) == 0 {
 				creq.Port, creq.Ready = 0, ""
@@ -130,7 +134,7 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 				if cf.structured() {
 					return writeStructured(cmd.OutOrStdout(), cf.format, choice)
 				}
-				writeServeChoice(cmd.OutOrStdout(), name, m, choice)
+				writeServeChoice(cmd.OutOrStdout(), source, am, choice)
 				return nil
 			}
 			b := choice.Best
@@ -141,8 +145,8 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 			req := api.LeaseRequest{Project: project, Name: "serve " + name, GPUs: b.GPUs,
 				Constraints:      api.Constraints{Nodes: []string{b.Node}, SameNVLinkIsland: b.GPUs > 1},
 				TimeLimitSeconds: int(timeLimit / time.Second),
-				Job:              &api.JobSpec{Command: b.Command, Image: b.Image, Ports: []int{b.Port}, WorkDir: workdir},
-				Serve:            &api.ServeSpec{Model: name, Engine: b.Engine, Port: b.Port, Ready: b.Ready, Source: m.Path}}
+				Job:              &api.JobSpec{Command: b.Command, Image: b.Image, Ports: []int{b.Port}, WorkDir: workdir, Model: jobModel},
+				Serve:            &api.ServeSpec{Model: name, Engine: b.Engine, Port: b.Port, Ready: b.Ready, Source: source}}
 			if timeLimit > 0 && req.TimeLimitSeconds == 0 {
 				req.TimeLimitSeconds = 1
 			}
@@ -201,11 +205,40 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 	fl.IntVar(&batch, "batch", 0, "sequences served at once, for the KV cache (default 8)")
 	fl.IntVar(&gpus, "gpus", 0, "the tensor-parallel degree (default: the fewest GPUs of one NVLink island that hold it)")
 	fl.BoolVar(&dryRun, "dry-run", false, "print the engine, image, node and GPUs kiln would take, and lease nothing")
+	fl.BoolVar(&registryInsecure, "insecure", false, "allow plain HTTP to the model's registry")
 	fl.BoolVarP(&detach, "detach", "d", false, "lease and return at once; 'kiln serve ls' shows when it is ready")
 	fl.DurationVar(&wait, "wait", 15*time.Minute, "how long the engine has to answer ready (loading weights takes minutes)")
 	fl.DurationVar(&timeLimit, "time-limit", 0, "the deployment ends after this long (default: the server's)")
 	cmd.AddCommand(newServeLsCmd(), newServeStopCmd(), newServeTestCmd(), newServeTestsCmd())
 	return cmd
+}
+
+// readServeModel reads the model kiln serve is given: a folder or GGUF
+// file where it lies, or else a model of the lab's registry (kiln model
+// push), whose config says what it is and which the node pulls (the job's
+// model, pinned to its digest). source is what the deployment says it
+// came from.
+func readServeModel(ctx context.Context, arg string, insecure bool) (api.ServeModel, *api.JobModel, string, error) {
+	_, statErr := os.Stat(arg)
+	if statErr != nil && strings.Contains(arg, "/") && !strings.HasPrefix(arg, "/") && !strings.HasPrefix(arg, ".") {
+		a, err := modelstore.Inspect(ctx, arg, modelstore.Options{Insecure: insecure})
+		if err != nil {
+			return api.ServeModel{}, nil, "", &exitError{code: 3, err: fmt.Errorf("%s is no file here, and as a model of a registry: %s", printable(arg), printable(err.Error()))}
+		}
+		repo, _, _ := strings.Cut(arg, "@")
+		if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
+			repo = repo[:i]
+		}
+		pinned := repo + "@" + a.Digest
+		am := a.Config.Model
+		am.Ref, am.Path = pinned, ""
+		return am, &api.JobModel{Ref: pinned, Digest: a.Digest}, arg, nil
+	}
+	m, err := modeldir.Read(arg, "")
+	if err != nil {
+		return api.ServeModel{}, nil, "", &exitError{code: 3, err: err}
+	}
+	return apiModel(m), nil, m.Path, nil
 }
 
 // apiModel is what the server needs of a model read here.
@@ -232,8 +265,8 @@ func choiceLine(b api.ServeChoice) string {
 		units.BytesRounded(uint64(b.MemoryPerGPUBytes), 1), units.BytesRounded(uint64(b.CapacityBytes), 1), b.Verdict, b.VerdictFrom))
 }
 
-func writeServeChoice(w io.Writer, name string, m serving.Model, r *api.ServeChooseReply) {
-	fmt.Fprintf(w, "model %s: %s, %s of weights, from %s\n", printable(name), m.Format, units.BytesRounded(uint64(m.WeightsBytes), 1), printable(m.Path))
+func writeServeChoice(w io.Writer, source string, m api.ServeModel, r *api.ServeChooseReply) {
+	fmt.Fprintf(w, "model %s: %s, %s of weights, from %s\n", printable(m.Name), printable(m.Format), units.BytesRounded(uint64(m.WeightsBytes), 1), printable(source))
 	fmt.Fprintf(w, "best: %s on %s\n", choiceLine(r.Best), printable(r.Best.Node))
 	fmt.Fprintf(w, "  context %d, batch %d; command: %s\n", r.Best.Context, r.Best.Batch, printable(strings.Join(r.Best.Command, " ")))
 	for _, n := range r.Best.Notes {

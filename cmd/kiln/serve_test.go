@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"kiln.dev/kiln/api"
+	"kiln.dev/kiln/compat/imagetest"
 	"kiln.dev/kiln/server/tunneltest"
 	"kiln.dev/kiln/serving/enginetest"
 )
@@ -33,9 +34,9 @@ func TestHelperServeEngine(t *testing.T) {
 
 // tinyModel writes a Hugging Face style folder: a small Llama's
 // config.json and a sparse safetensors file.
-func tinyModel(t *testing.T) string {
+func tinyModel(t *testing.T, parent string) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "Tiny-Llama-Test")
+	dir := filepath.Join(parent, "Tiny-Llama-Test")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +69,9 @@ func tinyModel(t *testing.T) string {
 func TestServe(t *testing.T) {
 	e := setupSecurity(t)
 	dir, engine := jobBinary(t)
-	model := tinyModel(t)
+	// The model lies where the job sees it (its working directory), as
+	// shared storage would.
+	model := tinyModel(t, dir)
 	ports, err := tunneltest.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
@@ -342,6 +345,47 @@ func TestServe(t *testing.T) {
 	})
 	if _, stderr, code := e.kilnAs(e.member, "serve", "stop", "tiny"); code != 2 || !strings.Contains(stderr, "no live deployment") {
 		t.Errorf("stopping it again: %d %s", code, stderr)
+	}
+
+	// The model from the lab's registry (a real docker-registry): kiln model
+	// push, then kiln serve of its reference; the node's agent pulls it into
+	// its cache and the engine reads it from there.
+	reg := imagetest.NewTestRegistry(t)
+	ref := reg.Host + "/models/tiny:v1"
+	out, stderr, code = e.kilnAs(e.member, "model", "push", model, ref)
+	if code != 0 || !strings.Contains(out, ref+"@sha256:") {
+		t.Fatalf("kiln model push: %d %s\n%s", code, stderr, out)
+	}
+	if out, stderr, code := e.kilnAs(e.member, "model", "ls", reg.Host+"/models/tiny"); code != 0 || !strings.Contains(out, ref) || !strings.Contains(out, "safetensors") {
+		t.Errorf("kiln model ls: %d %s\n%s", code, stderr, out)
+	}
+	out, stderr, code = e.kilnAs(e.member, append([]string{"serve", ref, "--name", "tiny-reg", "--port", strconv.Itoa(ports[1]), "--wait", "60s"}, engineCmd(enginetest.Serve)...)...)
+	if code != 0 || !strings.Contains(out, "tiny-reg is ready") {
+		t.Fatalf("kiln serve %s: %d\n%s\n%s", ref, code, stderr, out)
+	}
+	if st, body, _ := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny-reg","messages":[{"role":"user","content":"from the registry"}]}`); st != 200 || !strings.Contains(string(body), "tiny-reg: registry the from") {
+		t.Errorf("the registry model's chat: %d %s", st, body)
+	}
+	ds, err := e.client(e.member).ListLeases(context.Background(), api.LeaseFilter{})
+	var regLease *api.Lease
+	for i, l := range ds {
+		if l.Request.Serve != nil && l.Request.Serve.Model == "tiny-reg" {
+			regLease = &ds[i]
+		}
+	}
+	if err != nil || regLease == nil || regLease.Request.Job.Model == nil || regLease.Request.Serve.Source != ref {
+		t.Fatalf("the registry deployment's lease: %+v, %v", regLease, err)
+	}
+	logs, _, _ := e.kilnAs(e.member, "logs", regLease.Jobs[0])
+	if !strings.Contains(logs, "kiln: pulling the model") || !strings.Contains(logs, enginetest.ModelLine+e.models) {
+		t.Errorf("the engine did not read the model from the node's cache (%s):\n%s", e.models, logs)
+	}
+	if _, stderr, code := e.kilnAs(e.member, "serve", "stop", "tiny-reg"); code != 0 {
+		t.Errorf("kiln serve stop tiny-reg: %d %s", code, stderr)
+	}
+	// A registry that does not answer: refused before anything is leased.
+	if _, stderr, code := e.kilnAs(e.member, append([]string{"serve", "127.0.0.1:1/models/tiny:v1", "--port", strconv.Itoa(ports[1])}, engineCmd(enginetest.Serve)...)...); code != 3 || !strings.Contains(stderr, "127.0.0.1:1") {
+		t.Errorf("an unreachable registry: %d %s", code, stderr)
 	}
 }
 

@@ -43,6 +43,7 @@ func newUpCmd() *cobra.Command {
 	var configPath string
 	var heartbeat time.Duration
 	var ctrFlags containerFlags
+	var modelFlags modelCacheFlags
 	cmd := &cobra.Command{
 		Use:   "up [--demo]",
 		Short: "Start a kiln server and an agent for this machine: GPUs as a service on one box",
@@ -130,7 +131,7 @@ again.`,
 					return &exitError{code: 3, err: err}
 				}
 				a, err := agent.New(agent.Config{Identity: id, Executor: proc, Containers: ctr, NoContainers: noCtr, CDIDir: ctrFlags.cdiDir,
-					Discover: n.discover, Recorded: n.recorded, Heartbeat: heartbeat, Logger: log})
+					Discover: n.discover, Recorded: n.recorded, Heartbeat: heartbeat, Models: modelFlags.puller(), Logger: log})
 				if err != nil {
 					return &exitError{code: 3, err: err}
 				}
@@ -150,6 +151,7 @@ again.`,
 	cmd.Flags().StringVar(&configPath, "config", "", "where to write the client configuration (default $KILN_CONFIG or ~/.config/kiln/client.json)")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat", 2*time.Second, "agents' heartbeat interval")
 	ctrFlags.add(cmd)
+	modelFlags.add(cmd)
 	return cmd
 }
 

@@ -14,6 +14,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -36,6 +38,10 @@ const (
 // LoadTime is how long the engine takes to "load" before /health answers
 // 200 (503 until then, as vLLM answers while it loads).
 const LoadTime = 500 * time.Millisecond
+
+// ModelLine is what the engine prints once it has read the model's
+// config.json.
+const ModelLine = "enginetest: read the model at "
 
 // LoadingLine is what the engine prints while it loads, and the never-ready
 // engine prints for ever.
@@ -62,6 +68,13 @@ func Main(args []string) error {
 	port, err := strconv.Atoi(args[1])
 	if err != nil {
 		return fmt.Errorf("enginetest: port %q: %w", args[1], err)
+	}
+	// As an engine does, read the model: the job must see it.
+	if _, err := os.Stat(model); err != nil {
+		return fmt.Errorf("enginetest: the model: %w", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(model, "config.json")); err == nil {
+		fmt.Printf("%s%s: config.json of %d bytes\n", ModelLine, model, len(b))
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {

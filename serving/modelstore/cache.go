@@ -29,6 +29,35 @@ type Cache struct {
 	// MaxBytes bounds the blobs; models in use are never evicted, so the
 	// cache may hold more while they run. 0: no bound.
 	MaxBytes int64
+	// Options reach the registry (their Progress is each pull's own).
+	Options Options
+}
+
+// PullPinned is Pull of the model ref names at digest, as an agent's
+// ModelPuller: a ref that names another digest is refused.
+func (c *Cache) PullPinned(ctx context.Context, ref, digest string, progress func(done, total int64), inUse []string) (string, string, error) {
+	pinned := ref
+	if !strings.Contains(ref, "@") {
+		r, err := c.Options.ref(ref)
+		if err != nil {
+			return "", "", err
+		}
+		pinned = r.Context().String() + "@" + digest
+	}
+	o := c.Options
+	o.Progress = func(_ string, done, total int64) {
+		if progress != nil {
+			progress(done, total)
+		}
+	}
+	p, err := c.Pull(ctx, pinned, o, inUse...)
+	if err != nil {
+		return "", "", err
+	}
+	if p.Digest != digest {
+		return "", "", fmt.Errorf("%s is %s, not the %s the job was given", ref, p.Digest, digest)
+	}
+	return p.Dir, p.File, nil
 }
 
 // Pulled is a model present in the cache.
