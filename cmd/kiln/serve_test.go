@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"kiln.dev/kiln/api"
 	"kiln.dev/kiln/compat/imagetest"
@@ -204,6 +208,10 @@ func TestServe(t *testing.T) {
 		t.Errorf("embeddings: %d %s", st, body)
 	}
 
+	// OpenAI's own Go client (generated from OpenAI's published API
+	// description) as a user's program calls it: base URL and API key.
+	openAICalls(t, e.client(e.member))
+
 	// Refusals: another project's member gets model_not_found (the model
 	// is not theirs to know of); no token, 401; no such model; a body
 	// that is not JSON. None reaches the engine.
@@ -230,9 +238,11 @@ func TestServe(t *testing.T) {
 		t.Fatalf("kiln serve ls: %d %s\n%s", code, stderr, out)
 	}
 	d := list.Leases[0].Deployment
-	// 3 + 2 + 2 + 2 prompt words; the chat, stream and completion replies.
-	if d.State != api.DeployReady || d.Usage.Requests != 4 || d.Usage.PromptTokens != 3+4+2+2 ||
-		d.Usage.CompletionTokens != int64(len(enginetest.Reply("tiny", "hello there kiln"))+len(enginetest.Reply("tiny", "one two three four"))+len(enginetest.Reply("tiny", "a b"))) {
+	// Prompt words: 3 + 4 + 2 + 2 of the calls above, 3 + 4 + 2 + 2 of the
+	// SDK's; the chat, stream and completion replies of each.
+	replies := len(enginetest.Reply("tiny", "hello there kiln")) + len(enginetest.Reply("tiny", "one two three four")) + len(enginetest.Reply("tiny", "a b")) +
+		len(enginetest.Reply("tiny", "sdk says hi")) + len(enginetest.Reply("tiny", "streamed by the sdk")) + len(enginetest.Reply("tiny", "c d"))
+	if d.State != api.DeployReady || d.Usage.Requests != 8 || d.Usage.PromptTokens != 3+4+2+2+3+4+2+2 || d.Usage.CompletionTokens != int64(replies) {
 		t.Errorf("the deployment: %+v", d)
 	}
 	if out, _, _ := e.kilnAs(e.member, "serve", "ls"); !strings.Contains(out, "tiny") || !strings.Contains(out, "ready") {
@@ -335,6 +345,24 @@ func TestServe(t *testing.T) {
 		t.Errorf("a model too big: %d %s", code, stderr)
 	}
 
+	// A model that is not there, and one whose config.json is cut short:
+	// refused by name, nothing leased.
+	bad := filepath.Join(dir, "Bad-Config")
+	if err := os.MkdirAll(bad, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(bad, "config.json"), []byte(`{"hidden_size": 512, "num_hidden`), 0o644)
+	os.WriteFile(filepath.Join(bad, "model.safetensors"), []byte("x"), 0o644)
+	before, _ := e.client(e.member).ListLeases(context.Background(), api.LeaseFilter{All: true})
+	for _, m := range []string{filepath.Join(dir, "No-Such-Model"), bad} {
+		if _, stderr, code := e.kilnAs(e.member, append([]string{"serve", m, "--port", strconv.Itoa(ports[1])}, engineCmd(enginetest.Serve)...)...); code != 3 || !strings.Contains(stderr, m) {
+			t.Errorf("kiln serve %s: %d %s", m, code, stderr)
+		}
+	}
+	if after, _ := e.client(e.member).ListLeases(context.Background(), api.LeaseFilter{All: true}); len(after) != len(before) {
+		t.Errorf("bad models leased: %d leases, were %d", len(after), len(before))
+	}
+
 	// kiln serve stop: the endpoint stops routing to it.
 	if out, stderr, code := e.kilnAs(e.member, "serve", "stop", "tiny"); code != 0 || !strings.Contains(out, "ended") {
 		t.Fatalf("kiln serve stop: %d %s %s", code, out, stderr)
@@ -415,4 +443,47 @@ func killProcesses(t *testing.T, bin, mode string) int {
 		}
 	}
 	return n
+}
+
+// openAICalls calls the deployment "tiny" with openai-go: the models, a
+// chat completion, a streamed one accumulated as the SDK does, a
+// completion and embeddings; each answer decoded by the SDK's types.
+func openAICalls(t *testing.T, cl *api.Client) {
+	t.Helper()
+	ctx := context.Background()
+	oc := openai.NewClient(option.WithBaseURL(cl.Base+"/openai/v1/"), option.WithAPIKey(cl.Token), option.WithHTTPClient(cl.HTTP), option.WithMaxRetries(0))
+	page, err := oc.Models.List(ctx)
+	if err != nil || len(page.Data) != 1 || page.Data[0].ID != "tiny" {
+		t.Errorf("openai-go Models.List: %+v, %v", page, err)
+	}
+	chat, err := oc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "tiny",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("sdk says hi")}})
+	if err != nil || len(chat.Choices) != 1 || chat.Choices[0].Message.Content != strings.Join(enginetest.Reply("tiny", "sdk says hi"), " ") || chat.Usage.PromptTokens != 3 {
+		t.Errorf("openai-go chat completion: %+v, %v", chat, err)
+	}
+	stream := oc.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "tiny",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("streamed by the sdk")}})
+	acc := openai.ChatCompletionAccumulator{}
+	chunks := 0
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+		chunks++
+	}
+	if err := stream.Err(); err != nil || chunks < 4 || len(acc.Choices) != 1 || acc.Choices[0].Message.Content != strings.Join(enginetest.Reply("tiny", "streamed by the sdk"), " ") {
+		t.Errorf("openai-go streamed chat: %d chunks, %+v, %v", chunks, acc.Choices, err)
+	}
+	cmpl, err := oc.Completions.New(ctx, openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("c d")}})
+	if err != nil || len(cmpl.Choices) != 1 || cmpl.Choices[0].Text != "tiny: d c" {
+		t.Errorf("openai-go completion: %+v, %v", cmpl, err)
+	}
+	emb, err := oc.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "tiny", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("e f")}})
+	if err != nil || len(emb.Data) != 1 || len(emb.Data[0].Embedding) != 8 {
+		t.Errorf("openai-go embeddings: %+v, %v", emb, err)
+	}
+	// An unknown model is an error the SDK reads as OpenAI's.
+	_, err = oc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "nope", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
+		t.Errorf("openai-go, an unknown model: %v", err)
+	}
 }
