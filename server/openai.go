@@ -151,6 +151,13 @@ func (s *Server) openAIProxy(w http.ResponseWriter, r *http.Request) {
 		Transport:     s.proxies.transport(s, proxyKey{user: c.user.ID, node: t.node, job: t.job, port: t.port}),
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
+			// The engine is a tenant's process: it sets no cookie on the
+			// server's origin, where kiln's own session cookies live.
+			resp.Header.Del("Set-Cookie")
+			// An API's answer is data: a browser led to it runs nothing of
+			// it on the server's origin.
+			resp.Header.Set("Content-Security-Policy", "sandbox; default-src 'none'")
+			resp.Header.Set("X-Content-Type-Options", "nosniff")
 			resp.Body = &usageReader{rc: resp.Body, stream: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"),
 				done: func(prompt, compl int64) { s.deploys.count(t.lease, resp.StatusCode >= 400, prompt, compl) }}
 			return nil

@@ -143,7 +143,7 @@ func TestServe(t *testing.T) {
 	}
 
 	// A chat completion, answered by the engine through the tunnel.
-	st, body, _ = call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hello there kiln"}]}`)
+	st, body, chatHdr := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hello there kiln"}]}`)
 	var chat struct {
 		Object  string `json:"object"`
 		Model   string `json:"model"`
@@ -159,6 +159,9 @@ func TestServe(t *testing.T) {
 		} `json:"usage"`
 	}
 	want := strings.Join(enginetest.Reply("tiny", "hello there kiln"), " ")
+	if c := chatHdr.Get("Set-Cookie"); c != "" || !strings.HasPrefix(chatHdr.Get("Content-Security-Policy"), "sandbox") {
+		t.Errorf("the engine's cookie reached the caller (%q), or its answer is not sandboxed (%q)", c, chatHdr.Get("Content-Security-Policy"))
+	}
 	if st != 200 || json.Unmarshal(body, &chat) != nil || chat.Object != "chat.completion" || len(chat.Choices) != 1 ||
 		chat.Choices[0].Message.Content != want || chat.Choices[0].Message.Role != "assistant" || chat.Usage.PromptTokens != 3 {
 		t.Errorf("chat completion: %d %s (want the content %q)", st, body, want)

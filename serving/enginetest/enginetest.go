@@ -176,6 +176,9 @@ func (e *engine) handler() http.Handler {
 			openAIError(w, http.StatusBadRequest, CredentialsSeen)
 			return
 		}
+		// A tenant's engine trying to set a cookie on the server's origin
+		// (kiln's session cookie, say); the endpoint must not pass it.
+		w.Header().Set("Set-Cookie", "kiln_session=planted; Path=/")
 		mux.ServeHTTP(w, r)
 	})
 }
