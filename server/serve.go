@@ -304,6 +304,9 @@ func (s *Server) serveChoose(w http.ResponseWriter, r *http.Request) {
 	reply := api.ServeChooseReply{Skipped: out.Skipped}
 	for i, c := range append([]serving.Choice{out.Best}, out.Others...) {
 		e := engines[c.Engine]
+		if req.Port != 0 {
+			e.Port = req.Port // a replica's, or the user's
+		}
 		ac, err := apiChoice(c, e, m)
 		if err != nil {
 			writeErr(w, http.StatusBadRequest, err)

@@ -1008,7 +1008,9 @@ type ServeChooseRequest struct {
 
 	// Model what kiln serve read of a model where it lies
 	Model ServeModel `json:"model"`
-	Port  *int       `json:"port,omitempty"`
+
+	// Port the port the engine listens on: the caller's engine's, or a catalogue engine's instead of its own (a replica's)
+	Port *int `json:"port,omitempty"`
 
 	// Process run the catalogue engine's command on the node, where it is installed, instead of its image
 	Process *bool   `json:"process,omitempty"`

@@ -35,7 +35,7 @@ const serveGiveUp = 3
 func newServeCmd() *cobra.Command {
 	var cf clientFlags
 	var project, name, engine, image, ready, workdir string
-	var port, ctxLen, batch, gpus int
+	var port, ctxLen, batch, gpus, replicas int
 	var process, dryRun, detach, registryInsecure bool
 	var wait, timeLimit time.Duration
 	cmd := &cobra.Command{
@@ -120,67 +120,110 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 			creq := api.ServeChooseRequest{Model: am, Engine: engine, Image: image, Command: command, Port: port,
 				Ready: ready, Process: process, Context: ctxLen, Batch: batch, GPUs: gpus}
 			if image == "" && len(command) == 0 {
-				creq.Port, creq.Ready = 0, ""
+				creq.Ready = "" // the catalogue's
 			}
-			choice, err := c.ServeChoose(ctx, creq)
-			if err != nil {
-				var ae *api.Error
-				if errors.As(err, &ae) && ae.Status == 422 {
-					return &exitError{code: 2, err: errors.New(printableLines(ae.Message))}
-				}
-				return apiErr(err)
+			if replicas < 1 || replicas > 64 {
+				return &exitError{code: 3, err: fmt.Errorf("--replicas %d: want 1 to 64", replicas)}
 			}
-			if dryRun {
-				if cf.structured() {
-					return writeStructured(cmd.OutOrStdout(), cf.format, choice)
-				}
-				writeServeChoice(cmd.OutOrStdout(), source, am, choice)
-				return nil
-			}
-			b := choice.Best
-			fmt.Fprintf(stderr, "kiln: %s on %s: %s\n", printable(name), printable(b.Node), choiceLine(b))
 			if project == "" && cfg != nil {
 				project = cfg.Project
 			}
-			req := api.LeaseRequest{Project: project, Name: "serve " + name, GPUs: b.GPUs,
-				Constraints:      api.Constraints{Nodes: []string{b.Node}, SameNVLinkIsland: b.GPUs > 1},
-				TimeLimitSeconds: int(timeLimit / time.Second),
-				Job:              &api.JobSpec{Command: b.Command, Image: b.Image, Ports: []int{b.Port}, WorkDir: workdir, Model: jobModel},
-				Serve:            &api.ServeSpec{Model: name, Engine: b.Engine, Port: b.Port, Ready: b.Ready, Source: source}}
-			if timeLimit > 0 && req.TimeLimitSeconds == 0 {
-				req.TimeLimitSeconds = 1
-			}
-			l, err := c.CreateLease(ctx, req)
-			if err != nil {
-				return apiErr(err)
-			}
-			if detach {
-				return printDeployment(cmd.OutOrStdout(), cf.format, l)
-			}
-			tty := colorOK(stderr)
-			l, err = waitGranted(ctx, c, l, stderr, tty)
-			if err != nil {
-				return cancelOnInterrupt(c, l.ID, stderr, err)
-			}
-			if l.State != api.LeaseGranted {
-				fmt.Fprintf(stderr, "kiln: lease %s %s: %s\n", printable(l.ID), printable(l.State), printable(l.Reason))
-				return &exitError{code: 2}
-			}
-			fmt.Fprintf(stderr, "kiln: lease %s granted; waiting for %s to answer %s (up to %s)\n", printable(l.ID), printable(b.Engine), printable(b.Ready), wait)
-			l, err = waitServing(ctx, c, l, wait, stderr, tty)
-			if err != nil {
-				if ctx.Err() != nil {
-					return cancelOnInterrupt(c, l.ID, stderr, err)
-				}
-				writeEngineLog(ctx, c, l, stderr)
+			// Each replica is a lease of its own; replica i listens on the
+			// port after replica i-1's, so that replicas may share a node.
+			var leases []*api.Lease
+			endAll := func() {
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 				defer cancel()
-				if _, cerr := c.CancelLease(cctx, l.ID); cerr != nil {
-					fmt.Fprintf(stderr, "kiln: ending lease %s: %s\n", printable(l.ID), printable(cerr.Error()))
-				} else {
-					fmt.Fprintf(stderr, "kiln: lease %s ended\n", printable(l.ID))
+				for _, l := range leases {
+					if _, cerr := c.CancelLease(cctx, l.ID); cerr != nil {
+						fmt.Fprintf(stderr, "kiln: ending lease %s: %s\n", printable(l.ID), printable(cerr.Error()))
+					} else {
+						fmt.Fprintf(stderr, "kiln: lease %s ended\n", printable(l.ID))
+					}
 				}
-				return &exitError{code: 2, err: err}
+			}
+			basePort := port
+			var b api.ServeChoice
+			for i := range replicas {
+				if i > 0 {
+					creq.Port = basePort + i
+				}
+				choice, err := c.ServeChoose(ctx, creq)
+				if err != nil {
+					endAll()
+					var ae *api.Error
+					if errors.As(err, &ae) && ae.Status == 422 {
+						return &exitError{code: 2, err: errors.New(printableLines(ae.Message))}
+					}
+					return apiErr(err)
+				}
+				if dryRun {
+					if cf.structured() {
+						return writeStructured(cmd.OutOrStdout(), cf.format, choice)
+					}
+					writeServeChoice(cmd.OutOrStdout(), source, am, choice)
+					return nil
+				}
+				b = choice.Best
+				if i == 0 {
+					basePort = b.Port
+				}
+				fmt.Fprintf(stderr, "kiln: %s on %s: %s\n", printable(name), printable(b.Node), choiceLine(b))
+				req := api.LeaseRequest{Project: project, Name: "serve " + name, GPUs: b.GPUs,
+					Constraints:      api.Constraints{Nodes: []string{b.Node}, SameNVLinkIsland: b.GPUs > 1},
+					TimeLimitSeconds: int(timeLimit / time.Second),
+					Job:              &api.JobSpec{Command: b.Command, Image: b.Image, Ports: []int{b.Port}, WorkDir: workdir, Model: jobModel},
+					Serve:            &api.ServeSpec{Model: name, Engine: b.Engine, Port: b.Port, Ready: b.Ready, Source: source}}
+				if timeLimit > 0 && req.TimeLimitSeconds == 0 {
+					req.TimeLimitSeconds = 1
+				}
+				l, err := c.CreateLease(ctx, req)
+				if err != nil {
+					endAll()
+					return apiErr(err)
+				}
+				leases = append(leases, l)
+			}
+			if detach {
+				if cf.structured() {
+					return writeStructured(cmd.OutOrStdout(), cf.format, api.LeaseList{Leases: derefLeases(leases)})
+				}
+				for _, l := range leases {
+					fmt.Fprintln(cmd.OutOrStdout(), printable(l.ID))
+				}
+				return nil
+			}
+			tty := colorOK(stderr)
+			for i, l := range leases {
+				l, err := waitGranted(ctx, c, l, stderr, tty)
+				if err != nil {
+					endAll()
+					return &exitError{code: 2, err: err}
+				}
+				if l.State != api.LeaseGranted {
+					fmt.Fprintf(stderr, "kiln: lease %s %s: %s\n", printable(l.ID), printable(l.State), printable(l.Reason))
+					endAll()
+					return &exitError{code: 2}
+				}
+				fmt.Fprintf(stderr, "kiln: lease %s granted; waiting for %s to answer %s (up to %s)\n", printable(l.ID), printable(b.Engine), printable(b.Ready), wait)
+				l, err = waitServing(ctx, c, l, wait, stderr, tty)
+				if err != nil {
+					if ctx.Err() == nil {
+						writeEngineLog(ctx, c, l, stderr)
+					}
+					endAll()
+					return &exitError{code: 2, err: err}
+				}
+				leases[i] = l
+			}
+			l := leases[0]
+			if len(leases) > 1 {
+				if cf.structured() {
+					return writeStructured(cmd.OutOrStdout(), cf.format, api.LeaseList{Leases: derefLeases(leases)})
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s is ready, %d replicas taken in turn: %s/openai/v1 (model %q, your kiln token as the API key)\n",
+					printable(name), len(leases), printable(strings.TrimRight(cfg.Server, "/")), name)
+				return nil
 			}
 			if cf.structured() {
 				return printDeployment(cmd.OutOrStdout(), cf.format, l)
@@ -197,7 +240,7 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 	fl.StringVar(&name, "name", "", "the name clients ask for in the request's model field (default: the model's folder or file name)")
 	fl.StringVar(&engine, "engine", "", "an engine of kiln's catalogue: vllm, sglang, tgi, llama.cpp (default: the best that runs)")
 	fl.StringVar(&image, "image", "", "your own engine image (with --port and --ready)")
-	fl.IntVar(&port, "port", 0, "the port your own engine listens on")
+	fl.IntVar(&port, "port", 0, "the port the engine listens on (your own engine's; default the catalogue engine's)")
 	fl.StringVar(&ready, "ready", "/health", "your own engine's readiness path, answered 200 once it serves")
 	fl.StringVar(&workdir, "workdir", "", "the engine's working directory on the node (a process's sees only it of the node's /tmp)")
 	fl.BoolVar(&process, "process", false, "run the catalogue engine's command on the node, where it is installed, instead of its image")
@@ -205,6 +248,7 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 	fl.IntVar(&batch, "batch", 0, "sequences served at once, for the KV cache (default 8)")
 	fl.IntVar(&gpus, "gpus", 0, "the tensor-parallel degree (default: the fewest GPUs of one NVLink island that hold it)")
 	fl.BoolVar(&dryRun, "dry-run", false, "print the engine, image, node and GPUs kiln would take, and lease nothing")
+	fl.IntVar(&replicas, "replicas", 1, "deployments of the model under one name, each on GPUs of its own and the port after the last; the endpoint takes them in turn")
 	fl.BoolVar(&registryInsecure, "insecure", false, "allow plain HTTP to the model's registry")
 	fl.BoolVarP(&detach, "detach", "d", false, "lease and return at once; 'kiln serve ls' shows when it is ready")
 	fl.DurationVar(&wait, "wait", 15*time.Minute, "how long the engine has to answer ready (loading weights takes minutes)")
@@ -239,6 +283,14 @@ func readServeModel(ctx context.Context, arg string, insecure bool) (api.ServeMo
 		return api.ServeModel{}, nil, "", &exitError{code: 3, err: err}
 	}
 	return apiModel(m), nil, m.Path, nil
+}
+
+func derefLeases(ls []*api.Lease) []api.Lease {
+	out := make([]api.Lease, len(ls))
+	for i, l := range ls {
+		out[i] = *l
+	}
+	return out
 }
 
 // apiModel is what the server needs of a model read here.

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -378,6 +379,34 @@ func TestServe(t *testing.T) {
 		t.Errorf("stopping it again: %d %s", code, stderr)
 	}
 
+	// Two replicas under one name, on ports one apart: the endpoint takes
+	// them in turn; kiln serve stop ends both.
+	pair := freePortPair(t)
+	out, stderr, code = e.kilnAs(e.member, append([]string{"serve", model, "--name", "duo", "--replicas", "2", "--port", strconv.Itoa(pair), "--wait", "60s"}, engineCmd(enginetest.Serve)...)...)
+	if code != 0 || !strings.Contains(out, "2 replicas") {
+		t.Fatalf("kiln serve --replicas 2: %d\n%s\n%s", code, stderr, out)
+	}
+	for range 6 {
+		if st, body, _ := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"duo","messages":[{"role":"user","content":"which one"}]}`); st != 200 {
+			t.Fatalf("duo: %d %s", st, body)
+		}
+	}
+	out, _, _ = e.kilnAs(e.member, "serve", "ls", "-o", "json")
+	var duo api.LeaseList
+	json.Unmarshal([]byte(out), &duo)
+	var served []int64
+	for _, l := range duo.Leases {
+		if l.Request.Serve.Model == "duo" && l.Deployment != nil {
+			served = append(served, l.Deployment.Usage.Requests)
+		}
+	}
+	if len(served) != 2 || served[0] != 3 || served[1] != 3 {
+		t.Errorf("requests each replica served: %v, want 3 and 3", served)
+	}
+	if out, stderr, code := e.kilnAs(e.member, "serve", "stop", "duo"); code != 0 || strings.Count(out, "ended") != 2 {
+		t.Errorf("kiln serve stop duo: %d %s %s", code, out, stderr)
+	}
+
 	// The model from the lab's registry (a real docker-registry): kiln model
 	// push, then kiln serve of its reference; the node's agent pulls it into
 	// its cache and the engine reads it from there.
@@ -489,4 +518,22 @@ func openAICalls(t *testing.T, cl *api.Client) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
 		t.Errorf("openai-go, an unknown model: %v", err)
 	}
+}
+
+// freePortPair is a port p such that p and p+1 are free on loopback now.
+func freePortPair(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		ps, err := tunneltest.FreePorts(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ps[0]+1))
+		if err == nil {
+			ln.Close()
+			return ps[0]
+		}
+	}
+	t.Fatal("no two free ports in a row")
+	return 0
 }
