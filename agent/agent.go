@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"path"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -110,6 +112,8 @@ type job struct {
 	stopped string // stop reason, once ordered
 	logsEnd chan struct{}
 	model   string // the digest of the model it uses, once pulled
+	// modelDir is that model's folder in the node's cache.
+	modelDir string
 }
 
 // New makes an agent from its identity.
@@ -552,7 +556,17 @@ func (a *Agent) pullThenLaunch(ctx context.Context, j *job) {
 	if file == "" {
 		file = dir
 	}
-	fill := strings.NewReplacer("{model}", dir, "{model_file}", file)
+	seenDir, seenFile := dir, file
+	if as.Spec.Image != "" {
+		// A container sees the model read-only at executor.ModelTarget.
+		rel, err := filepath.Rel(dir, file)
+		if err != nil || strings.HasPrefix(rel, "..") {
+			fail(fmt.Errorf("the model's weights file %s is not inside its folder %s", file, dir))
+			return
+		}
+		seenDir, seenFile = executor.ModelTarget, path.Join(executor.ModelTarget, filepath.ToSlash(rel))
+	}
+	fill := strings.NewReplacer("{model}", seenDir, "{model_file}", seenFile)
 	spec := as.Spec
 	spec.Command = slices.Clone(spec.Command)
 	for i, w := range spec.Command {
@@ -564,7 +578,7 @@ func (a *Agent) pullThenLaunch(ctx context.Context, j *job) {
 	}
 	a.mu.Lock()
 	j.a.Spec = spec
-	j.model = m.Digest
+	j.model, j.modelDir = m.Digest, dir
 	a.mu.Unlock()
 	a.launch(ctx, j)
 }
@@ -598,6 +612,9 @@ func (a *Agent) launch(ctx context.Context, j *job) {
 		ej.Env["KILN_USER"] = as.User
 	}
 	ej.Limits = executor.Limits{CPUMilli: as.Resources.CPUMilli, MemoryBytes: as.Resources.MemoryBytes}
+	a.mu.Lock()
+	ej.ModelDir = j.modelDir
+	a.mu.Unlock()
 	if ej.WorkDir == "" {
 		ej.WorkDir = a.cfg.WorkDir
 	}

@@ -66,7 +66,14 @@ type Job struct {
 	// Chooser); the job gets those it picks.
 	Choose int
 	Limits Limits
+	// ModelDir is a model's folder in the node's model cache, which a
+	// container job gets read-only at ModelTarget (a process job reads it
+	// where it is).
+	ModelDir string
 }
+
+// ModelTarget is where a container job sees its model.
+const ModelTarget = "/model"
 
 // Chooser is an executor whose cluster's scheduler can pick a job's
 // devices (Job.Choose).

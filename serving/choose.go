@@ -29,8 +29,10 @@ type Model struct {
 	Precision string
 	// WeightsBytes is the size of its weight files.
 	WeightsBytes int64
-	// Path is where it lies (its folder, or its one GGUF file), absolute;
-	// File is its one weights file, for a GGUF model.
+	// Path is where it lies on the nodes (its folder, or its one GGUF
+	// file), absolute; "" for a model of the lab's registry, which the node
+	// pulls (and mounts into an engine's container). File is its one
+	// weights file, for a GGUF model. Engine images cannot see a Path.
 	Path, File string
 }
 
@@ -239,6 +241,12 @@ func chooseOnNode(m Model, req Request, n Node, engines []Engine, k *kb.KB, read
 			c.Verdict, c.VerdictFrom = compat.Unknown, "a process on the node"
 			c.Notes = append(c.Notes, "the engine runs as a process on the node: kiln cannot read which CUDA or ROCm it was built for")
 			out = append(out, c)
+			continue
+		}
+		if m.Path != "" {
+			// A container sees none of the node's files but the model the
+			// node's cache mounts for it.
+			why = append(why, fmt.Sprintf("%s: %s's images would not see the model at %s on the node: store it in the lab's registry (kiln model push) and serve it by its reference, or run the engine where it is installed (--process)", n.Name, e.Name, m.Path))
 			continue
 		}
 		var images []Image

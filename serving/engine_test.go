@@ -138,3 +138,23 @@ func TestDeploymentNames(t *testing.T) {
 		}
 	}
 }
+
+// A model at a path on the nodes is served by engines run there as
+// processes; an engine image would not see it, and says so.
+func TestChoosePathModels(t *testing.T) {
+	nodes := []serving.Node{{Name: "hgx", Snapshot: onDriver(load(t, hgx), "550.90.07")}}
+	m := model(t, "llama3-8b")
+	m.Path = "/models/llama3-8b"
+	_, err := serving.Choose(m, serving.Request{Engine: "vllm"}, nodes, catalogue(t), kb.Default(), nil)
+	if err == nil || !strings.Contains(err.Error(), "would not see the model at /models/llama3-8b") || !strings.Contains(err.Error(), "kiln model push") {
+		t.Errorf("vllm's image for a path: %v", err)
+	}
+	out, err := serving.Choose(m, serving.Request{Engine: "vllm", Process: true}, nodes, catalogue(t), kb.Default(), nil)
+	if err != nil || out.Best.Image != "" {
+		t.Errorf("vllm as a process for a path: %+v, %v", out, err)
+	}
+	m.Path = ""
+	if out, err := serving.Choose(m, serving.Request{Engine: "vllm"}, nodes, catalogue(t), kb.Default(), nil); err != nil || out.Best.Image == "" {
+		t.Errorf("vllm's image for a model of the registry: %+v, %v", out, err)
+	}
+}

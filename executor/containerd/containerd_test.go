@@ -188,6 +188,32 @@ func TestSpecOpts(t *testing.T) {
 	if _, err := e.specOpts(executor.Job{ID: "j3", Limits: executor.Limits{CPUMilli: -1}}, nil); err == nil {
 		t.Error("negative CPU limit accepted")
 	}
+
+	// A job's model: its cache folder, read-only at /model, and nothing
+	// else of the host.
+	opts, err = e.specOpts(executor.Job{ID: "j4", ModelDir: "/var/cache/kiln/models/abc"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = oci.GenerateSpec(ctx, nil, &containers.Container{ID: "j4"}, opts[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var model *specs.Mount
+	for i, m := range s.Mounts {
+		if m.Destination == executor.ModelTarget {
+			model = &s.Mounts[i]
+		}
+		if m.Type == "bind" && m.Destination != executor.ModelTarget {
+			t.Errorf("a host path is mounted: %+v", m)
+		}
+	}
+	if model == nil || model.Source != "/var/cache/kiln/models/abc" || !slices.Contains(model.Options, "ro") || slices.Contains(model.Options, "rw") {
+		t.Errorf("the model's mount: %+v", model)
+	}
+	if _, err := e.specOpts(executor.Job{ID: "j5", ModelDir: "models/abc"}, nil); err == nil {
+		t.Error("a relative model folder accepted")
+	}
 }
 
 func TestNewWithoutContainerd(t *testing.T) {

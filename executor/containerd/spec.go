@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,7 +26,8 @@ const cfsPeriod = 100_000
 func (e *Executor) specOpts(job executor.Job, image oci.Image) ([]oci.SpecOpts, error) {
 	// The image's configuration, then what no job escapes: not root, no
 	// capability, no new privileges, the default seccomp profile. The only
-	// host paths mounted are the CDI devices (and MPS's pipe directory).
+	// host paths mounted are the CDI devices (and MPS's pipe directory), and
+	// the job's model from the node's cache, read-only.
 	opts := []oci.SpecOpts{oci.WithImageConfig(image), e.withoutRoot(), oci.WithCapabilities([]string{}), oci.WithNoNewPrivileges, seccomp.WithDefaultProfile()}
 	if len(job.Command) > 0 {
 		opts = append(opts, oci.WithProcessArgs(job.Command...))
@@ -52,6 +54,15 @@ func (e *Executor) specOpts(job executor.Job, image oci.Image) ([]oci.SpecOpts, 
 	if job.Limits.CPUMilli > 0 {
 		// 1000 milli-CPUs is one CPU: a quota of one period.
 		opts = append(opts, oci.WithCPUCFS(int64(job.Limits.CPUMilli)*cfsPeriod/1000, cfsPeriod))
+	}
+	if job.ModelDir != "" {
+		if !filepath.IsAbs(job.ModelDir) {
+			return nil, fmt.Errorf("job %s: the model's folder %q is not absolute", job.ID, job.ModelDir)
+		}
+		opts = append(opts, oci.WithMounts([]specs.Mount{{
+			Destination: executor.ModelTarget, Source: job.ModelDir, Type: "bind",
+			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+		}}))
 	}
 	names, err := cdiNames(job.Devices)
 	if err != nil {
