@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,6 +32,36 @@ type Cache struct {
 	MaxBytes int64
 	// Options reach the registry (their Progress is each pull's own).
 	Options Options
+
+	mu sync.Mutex
+	// pulling counts the pulls under way that need each blob (by hex
+	// digest): eviction leaves those, which no model holds yet.
+	pulling map[string]int
+}
+
+// hold marks the blobs a pull needs, until the returned func is called.
+func (c *Cache) hold(files []File) func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pulling == nil {
+		c.pulling = map[string]int{}
+	}
+	var hexes []string
+	for _, f := range files {
+		if h, err := v1.NewHash(f.Digest); err == nil {
+			c.pulling[h.Hex]++
+			hexes = append(hexes, h.Hex)
+		}
+	}
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, h := range hexes {
+			if c.pulling[h]--; c.pulling[h] <= 0 {
+				delete(c.pulling, h)
+			}
+		}
+	}
 }
 
 // PullPinned is Pull of the model ref names at digest, as an agent's
@@ -92,6 +123,7 @@ func (c *Cache) Pull(ctx context.Context, ref string, o Options, inUse ...string
 	if err := os.MkdirAll(blobs, 0o755); err != nil {
 		return nil, err
 	}
+	defer c.hold(a.Config.Files)()
 	r, _ := o.ref(ref)
 	pinned, err := name.NewDigest(r.Context().String()+"@"+a.Digest, name.WeakValidation)
 	if err != nil {
@@ -282,16 +314,19 @@ func (c *Cache) Evict(keep ...string) (int64, error) {
 	return start - total, nil
 }
 
-// dropUnheld removes the blobs no model's folder links to.
+// dropUnheld removes the blobs no model's folder links to and no pull
+// under way needs.
 func (c *Cache) dropUnheld() error {
 	blobs := filepath.Join(c.Root, "blobs", "sha256")
 	es, err := os.ReadDir(blobs)
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, e := range es {
 		fi, err := e.Info()
-		if err != nil || strings.HasPrefix(e.Name(), ".") {
+		if err != nil || strings.HasPrefix(e.Name(), ".") || c.pulling[e.Name()] > 0 {
 			continue
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink <= 1 {

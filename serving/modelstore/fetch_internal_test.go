@@ -42,3 +42,36 @@ func TestFetchBlob(t *testing.T) {
 		t.Errorf("the blob: %v, %v", fi, err)
 	}
 }
+
+// Eviction leaves the blobs a pull under way has fetched and not yet
+// linked into its model's folder.
+func TestEvictLeavesPullsUnderWay(t *testing.T) {
+	c := &Cache{Root: t.TempDir(), MaxBytes: 1}
+	blobs := filepath.Join(c.Root, "blobs", "sha256")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	needed, stale := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	for _, h := range []string{needed, stale} {
+		if err := os.WriteFile(filepath.Join(blobs, h), []byte("bytes"), 0o444); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := c.hold([]File{{Path: "w", Digest: "sha256:" + needed, Size: 5}})
+	if err := c.dropUnheld(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(blobs, needed)); err != nil {
+		t.Errorf("a pull's blob was evicted: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(blobs, stale)); err == nil {
+		t.Error("a blob no model holds was kept")
+	}
+	release()
+	if err := c.dropUnheld(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(blobs, needed)); err == nil {
+		t.Error("the blob stayed after its pull ended")
+	}
+}
