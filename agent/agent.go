@@ -74,10 +74,12 @@ type Config struct {
 }
 
 // ModelPuller makes a model of the lab's registry present on the node and
-// says where: its folder, and its weights file (GGUF) or "". inUse are the
-// digests of the models running jobs use, which it must keep.
+// says where: its folder, and its weights file (GGUF) or "". A model
+// pulled is in use, and never evicted, until Release of its digest (once
+// for each pull).
 type ModelPuller interface {
-	PullPinned(ctx context.Context, ref, digest string, progress func(done, total int64), inUse []string) (dir, file string, err error)
+	PullPinned(ctx context.Context, ref, digest string, progress func(done, total int64)) (dir, file string, err error)
+	Release(digest string)
 }
 
 // Agent runs on one node.
@@ -111,7 +113,7 @@ type job struct {
 	h       executor.Handle
 	stopped string // stop reason, once ordered
 	logsEnd chan struct{}
-	model   string // the digest of the model it uses, once pulled
+	model   string // the digest of the model it holds in use, once pulled
 	// modelDir is that model's folder in the node's cache.
 	modelDir string
 }
@@ -540,7 +542,12 @@ func (a *Agent) pullThenLaunch(ctx context.Context, j *job) {
 			}
 		}
 	}()
-	dir, file, err := a.cfg.Models.PullPinned(pctx, m.Ref, m.Digest, progress, a.modelsInUse())
+	dir, file, err := a.cfg.Models.PullPinned(pctx, m.Ref, m.Digest, progress)
+	if err == nil {
+		a.mu.Lock()
+		j.model = m.Digest // released when the job ends
+		a.mu.Unlock()
+	}
 	a.mu.Lock()
 	stopped := j.stopped
 	a.mu.Unlock()
@@ -578,22 +585,9 @@ func (a *Agent) pullThenLaunch(ctx context.Context, j *job) {
 	}
 	a.mu.Lock()
 	j.a.Spec = spec
-	j.model, j.modelDir = m.Digest, dir
+	j.modelDir = dir
 	a.mu.Unlock()
 	a.launch(ctx, j)
-}
-
-// modelsInUse are the digests of the models the node's jobs use.
-func (a *Agent) modelsInUse() []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []string
-	for _, j := range a.jobs {
-		if j.model != "" {
-			out = append(out, j.model)
-		}
-	}
-	return out
 }
 
 // launch starts a job with its executor.
@@ -796,6 +790,13 @@ func (a *Agent) await(ctx context.Context, j *job) {
 // finish reports a job's end until the server acknowledges it; until then
 // the job stays in the running list, so the server never takes it for lost.
 func (a *Agent) finish(ctx context.Context, id string, rep api.ExitReport) {
+	a.mu.Lock()
+	if j := a.jobs[id]; j != nil && j.model != "" {
+		// Its model may be evicted now.
+		a.cfg.Models.Release(j.model)
+		j.model = ""
+	}
+	a.mu.Unlock()
 	backoff := 100 * time.Millisecond
 	for {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

@@ -35,10 +35,10 @@ type point struct {
 }
 
 type gpuHistory struct {
-	ring  [historyPoints]point
-	n     int // points held
-	next  int // where the next goes
-	last  point
+	ring [historyPoints]point
+	n    int // points held
+	next int // where the next goes
+	last point
 	// since is when the point being gathered began, in Unix nanoseconds:
 	// a time.Time holds a pointer, which would make the collector scan
 	// every GPU's hour of points (9.6 KB) at each cycle; without one the

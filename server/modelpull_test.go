@@ -53,13 +53,20 @@ func (endedHandle) Stop(context.Context, time.Duration) error { return nil }
 
 // fakePuller "pulls" every model to dir, or fails with err.
 type fakePuller struct {
-	dir string
-	err error
-	mu  sync.Mutex
-	got []string
+	dir      string
+	err      error
+	mu       sync.Mutex
+	got      []string
+	released []string
 }
 
-func (f *fakePuller) PullPinned(_ context.Context, ref, digest string, progress func(done, total int64), _ []string) (string, string, error) {
+func (f *fakePuller) Release(digest string) {
+	f.mu.Lock()
+	f.released = append(f.released, digest)
+	f.mu.Unlock()
+}
+
+func (f *fakePuller) PullPinned(_ context.Context, ref, digest string, progress func(done, total int64)) (string, string, error) {
 	f.mu.Lock()
 	f.got = append(f.got, ref+" "+digest)
 	f.mu.Unlock()
@@ -128,6 +135,14 @@ func TestJobModelPull(t *testing.T) {
 		t.Errorf("the pull's progress in the job's log:\n%s", lg)
 	}
 
+	// Each job that pulled its model gave it back when it ended.
+	puller.mu.Lock()
+	released := append([]string(nil), puller.released...)
+	puller.mu.Unlock()
+	if len(released) != 2 || released[0] != model.Digest || released[1] != model.Digest {
+		t.Errorf("released %q, want the model twice", released)
+	}
+
 	puller.err = errors.New("registry.lab:5000: connection refused")
 	l = run(api.JobSpec{Command: []string{"engine", "{model}"}, Model: model})
 	if proc.job(l.Jobs[0]) != nil {
@@ -136,6 +151,10 @@ func TestJobModelPull(t *testing.T) {
 	if lg := logs(l.Jobs[0]); !strings.Contains(lg, "failed to start") || !strings.Contains(lg, "connection refused") {
 		t.Errorf("a failed pull's log:\n%s", lg)
 	}
+	if puller.mu.Lock(); len(puller.released) != 2 {
+		t.Errorf("a failed pull released the model: %q", puller.released)
+	}
+	puller.mu.Unlock()
 
 	// A node without a model cache.
 	c.addAgentWith("n2", machines(t)["pcie"], &recordingExec{name: "process"}, 100*time.Millisecond, nil)

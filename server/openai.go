@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -61,11 +62,11 @@ func (s *Server) openAIModels(w http.ResponseWriter, r *http.Request) {
 	}{Object: "list", Data: []model{}}
 	seen := map[string]bool{}
 	for _, t := range sortedModels(open) {
-		if seen[t.model] || !s.deploys.ready(t.lease) {
+		st := s.deploys.status(t.lease)
+		if seen[t.project+"\x00"+t.model] || st == nil || st.State != api.DeployReady {
 			continue
 		}
-		seen[t.model] = true
-		st := s.deploys.status(t.lease)
+		seen[t.project+"\x00"+t.model] = true
 		out.Data = append(out.Data, model{ID: t.model, Object: "model", Created: st.Since.Unix(), OwnedBy: t.project})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -109,13 +110,37 @@ func (s *Server) openAIProxy(w http.ResponseWriter, r *http.Request) {
 			body = b
 		}
 	}
+	// A name routes inside one project: the one the request names
+	// (OpenAI's OpenAI-Project header), else the only one of the caller's
+	// that serves it. Across projects the same name is someone else's
+	// engine, which would get the caller's prompts.
+	project := r.Header.Get("OpenAI-Project")
+	if project != "" && !c.canSee(project) {
+		openAIError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "the model %s does not exist, or no project of yours serves it", head.Model)
+		return
+	}
 	s.mu.Lock()
-	_, open := s.serveTargets(func(l *api.Lease) bool {
-		return c.canSee(l.Project) && l.Request.Serve.Model == head.Model
+	serving := map[string]bool{}
+	live := s.core.Leases(time.Now(), func(l *api.Lease) bool {
+		return l.Request.Serve != nil && l.Request.Serve.Model == head.Model && c.canSee(l.Project) && !api.LeaseFinal(l.State) &&
+			(project == "" || l.Project == project)
 	})
-	starting := len(open) == 0 && len(s.core.Leases(time.Now(), func(l *api.Lease) bool {
-		return l.Request.Serve != nil && l.Request.Serve.Model == head.Model && c.canSee(l.Project) && !api.LeaseFinal(l.State)
-	})) > 0
+	for _, l := range live {
+		serving[l.Project] = true
+	}
+	if len(serving) > 1 {
+		s.mu.Unlock()
+		var ps []string
+		for p := range serving {
+			ps = append(ps, p)
+		}
+		sort.Strings(ps)
+		openAIError(w, http.StatusConflict, "invalid_request_error", "model_ambiguous",
+			"the model %s is served in several of your projects (%s): name one in the OpenAI-Project header", head.Model, strings.Join(ps, ", "))
+		return
+	}
+	_, open := s.serveTargets(func(l *api.Lease) bool { return serving[l.Project] && l.Request.Serve.Model == head.Model })
+	starting := len(open) == 0 && len(live) > 0
 	s.mu.Unlock()
 	var ready []serveTarget
 	for _, t := range sortedModels(open) {
@@ -153,7 +178,14 @@ func (s *Server) openAIProxy(w http.ResponseWriter, r *http.Request) {
 		ModifyResponse: func(resp *http.Response) error {
 			// The engine is a tenant's process: it sets no cookie on the
 			// server's origin, where kiln's own session cookies live.
-			resp.Header.Del("Set-Cookie")
+			// Of its headers, only those that describe the answer pass: no
+			// cookie, redirect, CORS or transport policy of an engine lands
+			// on the server's origin.
+			keepAnswerHeaders(resp.Header)
+			if resp.StatusCode/100 == 3 {
+				resp.Body.Close()
+				return fmt.Errorf("it answered %s, a redirect, which the endpoint does not follow", resp.Status)
+			}
 			// An API's answer is data: a browser led to it runs nothing of
 			// it on the server's origin.
 			resp.Header.Set("Content-Security-Policy", "sandbox; default-src 'none'")
@@ -168,6 +200,20 @@ func (s *Server) openAIProxy(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// keepAnswerHeaders drops every header of an engine's answer but those
+// that describe it: its type and caching, and the request id and rate
+// limits OpenAI's API reports.
+func keepAnswerHeaders(h http.Header) {
+	for k := range h {
+		switch lk := strings.ToLower(k); {
+		case lk == "content-type", lk == "content-length", lk == "cache-control", lk == "x-request-id",
+			strings.HasPrefix(lk, "openai-"), strings.HasPrefix(lk, "x-ratelimit-"):
+		default:
+			h.Del(k)
+		}
+	}
 }
 
 // withStreamUsage adds stream_options.include_usage to a request.

@@ -408,6 +408,8 @@ const (
 	maxSmokeChecks = 16
 	maxLoadLevels  = 64
 	maxTestText    = 1024
+	// maxServeTests is the most tests one deployment keeps.
+	maxServeTests = 200
 )
 
 func parseServeTest(b []byte) (api.ServeTest, error) {
@@ -480,7 +482,17 @@ func (s *Server) addServeTest(w http.ResponseWriter, r *http.Request) {
 			t.GPUModel = a.Devices[0].Model
 		}
 	}
-	if err := s.st.Update(r.Context(), func(tx *store.Tx) error { return tx.PutServeTest(t) }); err != nil {
+	err = s.st.Update(r.Context(), func(tx *store.Tx) error {
+		n, err := tx.ServeTestCount(lc.ID)
+		if err != nil {
+			return err
+		}
+		if n >= maxServeTests {
+			return errStatus(http.StatusConflict, "deployment %s keeps %d tests already, the most it may", lc.ID, maxServeTests)
+		}
+		return tx.PutServeTest(t)
+	})
+	if err != nil {
 		writeErr(w, http.StatusServiceUnavailable, fmt.Errorf("storing the test: %w", err))
 		return
 	}

@@ -102,3 +102,10 @@ func (t *Tx) ServeTests(projects []string, model string, limit int) ([]api.Serve
 	}
 	return out, rows.Err()
 }
+
+// ServeTestCount is how many tests a lease keeps.
+func (t *Tx) ServeTestCount(leaseID string) (int, error) {
+	var n int
+	err := t.tx.QueryRowContext(t.ctx, `SELECT COUNT(*) FROM serve_tests WHERE lease_id=?`, leaseID).Scan(&n)
+	return n, err
+}

@@ -60,6 +60,9 @@ func TestServeTests(t *testing.T) {
 		if len(mine) != 1 || mine[0].ID != "st-q" {
 			t.Errorf("q's tests: %+v", mine)
 		}
+		if n, err := tx.ServeTestCount("l-1"); err != nil || n != 1 {
+			t.Errorf("lease l-1 keeps %d tests (%v), want 1", n, err)
+		}
 		return nil
 	})
 	if err != nil {

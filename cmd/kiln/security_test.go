@@ -137,7 +137,7 @@ func (e *secEnv) nodesReady(n int) bool {
 	return ready >= n
 }
 
-func setupSecurity(t *testing.T) *secEnv {
+func setupSecurity(t *testing.T, upArgs ...string) *secEnv {
 	if testing.Short() {
 		t.Skip("runs kiln up --demo and a kiln agent")
 	}
@@ -169,8 +169,8 @@ func setupSecurity(t *testing.T) *secEnv {
 	}
 	t.Cleanup(func() { os.RemoveAll(e.models) })
 	os.Chmod(e.models, 0o755)
-	e.start("up", "--demo", "--no-local-agent", "--no-containers", "--data", e.data, "--listen", addr, "--config", e.admin, "--model-cache", e.models,
-		"--heartbeat", "300ms", "--heartbeat-timeout", "2s", "--grace", "200ms", "--job-dir", filepath.Join(e.jobRoot, "up"))
+	e.start(append([]string{"up", "--demo", "--no-local-agent", "--no-containers", "--data", e.data, "--listen", addr, "--config", e.admin, "--model-cache", e.models,
+		"--heartbeat", "300ms", "--heartbeat-timeout", "2s", "--grace", "200ms", "--job-dir", filepath.Join(e.jobRoot, "up")}, upArgs...)...)
 	waitFor(t, "kiln up's three demo nodes", 60*time.Second, func() bool {
 		_, err := os.Stat(e.admin)
 		return err == nil && e.nodesReady(3)

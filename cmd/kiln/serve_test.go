@@ -72,12 +72,14 @@ func tinyModel(t *testing.T, parent string) string {
 // an engine that never becomes ready ends with its log and its lease, and
 // that kiln serve stop ends the deployment.
 func TestServe(t *testing.T) {
-	e := setupSecurity(t)
+	// The lab's registry, the one the nodes pull models from.
+	reg := imagetest.NewTestRegistry(t)
+	e := setupSecurity(t, "--model-registry", reg.Host)
 	dir, engine := jobBinary(t)
 	// The model lies where the job sees it (its working directory), as
 	// shared storage would.
 	model := tinyModel(t, dir)
-	ports, err := tunneltest.FreePorts(2)
+	ports, err := tunneltest.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +165,16 @@ func TestServe(t *testing.T) {
 	if c := chatHdr.Get("Set-Cookie"); c != "" || !strings.HasPrefix(chatHdr.Get("Content-Security-Policy"), "sandbox") {
 		t.Errorf("the engine's cookie reached the caller (%q), or its answer is not sandboxed (%q)", c, chatHdr.Get("Content-Security-Policy"))
 	}
+	for _, h := range []string{"Access-Control-Allow-Origin", "Strict-Transport-Security"} {
+		if v := chatHdr.Get(h); v != "" {
+			t.Errorf("the engine's %s reached the caller: %s", h, v)
+		}
+	}
+	// An engine's redirect is not passed on: the caller's client would
+	// follow it with its token.
+	if st, body, hdr := call(e.member, "POST", "/openai/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"`+enginetest.RedirectPrompt+`"}]}`); st != 502 || hdr.Get("Location") != "" || !strings.Contains(string(body), "redirect") {
+		t.Errorf("an engine's redirect: %d %q %s", st, hdr.Get("Location"), body)
+	}
 	if st != 200 || json.Unmarshal(body, &chat) != nil || chat.Object != "chat.completion" || len(chat.Choices) != 1 ||
 		chat.Choices[0].Message.Content != want || chat.Choices[0].Message.Role != "assistant" || chat.Usage.PromptTokens != 3 {
 		t.Errorf("chat completion: %d %s (want the content %q)", st, body, want)
@@ -216,6 +228,49 @@ func TestServe(t *testing.T) {
 	// description) as a user's program calls it: base URL and API key.
 	openAICalls(t, e.client(e.member))
 
+	// Victor serves a "tiny" of his own in his project. Mallory's requests
+	// still go to hers (his is not hers to see); the admin, who sees both
+	// projects, must name one: a name never routes across projects.
+	out, stderr, code = e.kilnAs(e.victim, append([]string{"serve", model, "--name", "tiny", "--port", strconv.Itoa(ports[2]), "--wait", "60s"}, engineCmd(enginetest.Serve)...)...)
+	if code != 0 {
+		t.Fatalf("victor's kiln serve: %d\n%s\n%s", code, stderr, out)
+	}
+	var mine []string
+	for range 4 {
+		_, b, _ := call(e.member, "POST", "/openai/v1/completions", `{"model":"tiny","prompt":"whose"}`)
+		mine = append(mine, string(b))
+	}
+	if st, body, _ := call(e.admin, "POST", "/openai/v1/completions", `{"model":"tiny","prompt":"whose"}`); st != 409 || !strings.Contains(string(body), "model_ambiguous") || !strings.Contains(string(body), "default, victims") {
+		t.Errorf("the admin asking for tiny served in two projects: %d %s", st, body)
+	}
+	adminCall := func(project string) int {
+		cl := e.client(e.admin)
+		req, _ := http.NewRequest("POST", cl.Base+"/openai/v1/completions", strings.NewReader(`{"model":"tiny","prompt":"whose"}`))
+		req.Header.Set("Authorization", "Bearer "+cl.Token)
+		req.Header.Set("OpenAI-Project", project)
+		resp, err := cl.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := adminCall("default"); st != 200 {
+		t.Errorf("the admin naming project default: %d", st)
+	}
+	for _, b := range mine {
+		if !strings.Contains(b, `"text":"tiny: whose"`) {
+			t.Errorf("mallory's completion: %s", b)
+		}
+	}
+	if _, stderr, code := e.kilnAs(e.victim, "serve", "stop", "tiny"); code != 0 {
+		t.Errorf("victor's kiln serve stop: %d %s", code, stderr)
+	}
+	waitFor(t, "victor's deployment's end", 20*time.Second, func() bool {
+		ls, err := e.client(e.victim).ListLeases(context.Background(), api.LeaseFilter{})
+		return err == nil && len(ls) == 0
+	})
+
 	// Refusals: another project's member gets model_not_found (the model
 	// is not theirs to know of); no token, 401; no such model; a body
 	// that is not JSON. None reaches the engine.
@@ -246,7 +301,10 @@ func TestServe(t *testing.T) {
 	// SDK's; the chat, stream and completion replies of each.
 	replies := len(enginetest.Reply("tiny", "hello there kiln")) + len(enginetest.Reply("tiny", "one two three four")) + len(enginetest.Reply("tiny", "a b")) +
 		len(enginetest.Reply("tiny", "sdk says hi")) + len(enginetest.Reply("tiny", "streamed by the sdk")) + len(enginetest.Reply("tiny", "c d"))
-	if d.State != api.DeployReady || d.Usage.Requests != 8 || d.Usage.PromptTokens != 3+4+2+2+3+4+2+2 || d.Usage.CompletionTokens != int64(replies) {
+	// And five completions of "whose": mallory's four and the admin's.
+	replies += 5 * len(enginetest.Reply("tiny", "whose"))
+	// The redirect counts as a failed request.
+	if d.State != api.DeployReady || d.Usage.Requests != 8+5+1 || d.Usage.Errors != 1 || d.Usage.PromptTokens != 3+4+2+2+3+4+2+2+5 || d.Usage.CompletionTokens != int64(replies) {
 		t.Errorf("the deployment: %+v", d)
 	}
 	if out, _, _ := e.kilnAs(e.member, "serve", "ls"); !strings.Contains(out, "tiny") || !strings.Contains(out, "ready") {
@@ -410,7 +468,6 @@ func TestServe(t *testing.T) {
 	// The model from the lab's registry (a real docker-registry): kiln model
 	// push, then kiln serve of its reference; the node's agent pulls it into
 	// its cache and the engine reads it from there.
-	reg := imagetest.NewTestRegistry(t)
 	ref := reg.Host + "/models/tiny:v1"
 	out, stderr, code = e.kilnAs(e.member, "model", "push", model, ref)
 	if code != 0 || !strings.Contains(out, ref+"@sha256:") {

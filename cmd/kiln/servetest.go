@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -29,7 +30,9 @@ import (
 type openAI struct {
 	base  string // https://SERVER/openai/v1
 	token string
-	http  *http.Client
+	// project is the deployment's: a name routes inside one project.
+	project string
+	http    *http.Client
 }
 
 // maxAnswer bounds what kiln serve test reads of one answer.
@@ -46,6 +49,9 @@ func (o *openAI) post(ctx context.Context, path string, body any) (*http.Respons
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+o.token)
+	if o.project != "" {
+		req.Header.Set("OpenAI-Project", o.project)
+	}
 	resp, err := o.http.Do(req)
 	if err != nil {
 		return nil, err
@@ -223,6 +229,9 @@ func (o *openAI) get(ctx context.Context, path string, out any) error {
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+o.token)
+	if o.project != "" {
+		req.Header.Set("OpenAI-Project", o.project)
+	}
 	resp, err := o.http.Do(req)
 	if err != nil {
 		return err
@@ -288,9 +297,13 @@ func pctOf(d []time.Duration, q int) time.Duration {
 	return d[min(max(i-1, 0), len(d)-1)]
 }
 
+// truncText cuts s to at most n bytes, on a character's boundary.
 func truncText(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "..."
 }
@@ -357,7 +370,7 @@ kiln could not ask.`,
 			if dep == nil {
 				return &exitError{code: 2, err: fmt.Errorf("no ready deployment named %s (kiln serve ls)", printable(name))}
 			}
-			o := &openAI{base: strings.TrimRight(cfg.Server, "/") + "/openai/v1", token: c.Token, http: c.HTTP}
+			o := &openAI{base: strings.TrimRight(cfg.Server, "/") + "/openai/v1", token: c.Token, project: dep.Project, http: c.HTTP}
 			tty := colorOK(stderr)
 			fmt.Fprintf(stderr, "kiln: testing %s (lease %s)\n", printable(name), printable(dep.ID))
 			res := api.ServeTest{Smoke: o.smoke(ctx, name, prompt, maxTokens)}

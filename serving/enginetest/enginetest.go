@@ -135,6 +135,12 @@ func (e *engine) handler() http.Handler {
 			return
 		}
 		prompt := req.Messages[len(req.Messages)-1].Content
+		if prompt == RedirectPrompt {
+			// Sends the caller, with its credentials, elsewhere on the
+			// server's origin.
+			http.Redirect(w, r, "/v1/tokens", http.StatusTemporaryRedirect)
+			return
+		}
 		e.answer(w, "chat.completion", req.Model, prompt, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 	})
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
@@ -179,9 +185,15 @@ func (e *engine) handler() http.Handler {
 		// A tenant's engine trying to set a cookie on the server's origin
 		// (kiln's session cookie, say); the endpoint must not pass it.
 		w.Header().Set("Set-Cookie", "kiln_session=planted; Path=/")
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		w.Header().Set("Strict-Transport-Security", "max-age=0")
 		mux.ServeHTTP(w, r)
 	})
 }
+
+// RedirectPrompt is a chat prompt the engine answers with a redirect to
+// the server's tokens.
+const RedirectPrompt = "redirect me"
 
 // CredentialsSeen is the engine's answer to a request that carries kiln's
 // credentials.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -32,11 +33,44 @@ type Cache struct {
 	MaxBytes int64
 	// Options reach the registry (their Progress is each pull's own).
 	Options Options
+	// Registries are the registries (host[:port]) the node pulls from; a
+	// job's model elsewhere is refused, so that no member makes the node
+	// fetch from wherever they say.
+	Registries []string
 
 	mu sync.Mutex
 	// pulling counts the pulls under way that need each blob (by hex
 	// digest): eviction leaves those, which no model holds yet.
 	pulling map[string]int
+	// using counts the jobs that use each model (by hex digest), from
+	// PullPinned to Release: eviction leaves those.
+	using map[string]int
+}
+
+// Release says a job that PullPinned a model is done with it.
+func (c *Cache) Release(digest string) {
+	h, err := v1.NewHash(digest)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.using[h.Hex]--; c.using[h.Hex] <= 0 {
+		delete(c.using, h.Hex)
+	}
+}
+
+func (c *Cache) use(digest string) {
+	h, err := v1.NewHash(digest)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.using == nil {
+		c.using = map[string]int{}
+	}
+	c.using[h.Hex]++
 }
 
 // hold marks the blobs a pull needs, until the returned func is called.
@@ -65,14 +99,21 @@ func (c *Cache) hold(files []File) func() {
 }
 
 // PullPinned is Pull of the model ref names at digest, as an agent's
-// ModelPuller: a ref that names another digest is refused.
-func (c *Cache) PullPinned(ctx context.Context, ref, digest string, progress func(done, total int64), inUse []string) (string, string, error) {
+// ModelPuller: a ref that names another digest is refused. The model is in
+// use, and kept, until Release.
+func (c *Cache) PullPinned(ctx context.Context, ref, digest string, progress func(done, total int64)) (string, string, error) {
+	r, err := c.Options.ref(ref)
+	if err != nil {
+		return "", "", err
+	}
+	if reg := r.Context().RegistryStr(); !slices.Contains(c.Registries, reg) {
+		if len(c.Registries) == 0 {
+			return "", "", fmt.Errorf("this node pulls models from no registry: its admin names the lab's with kiln agent --model-registry HOST (the model is on %s)", reg)
+		}
+		return "", "", fmt.Errorf("this node pulls models only from %s, not from %s", strings.Join(c.Registries, ", "), reg)
+	}
 	pinned := ref
 	if !strings.Contains(ref, "@") {
-		r, err := c.Options.ref(ref)
-		if err != nil {
-			return "", "", err
-		}
 		pinned = r.Context().String() + "@" + digest
 	}
 	o := c.Options
@@ -81,12 +122,14 @@ func (c *Cache) PullPinned(ctx context.Context, ref, digest string, progress fun
 			progress(done, total)
 		}
 	}
-	p, err := c.Pull(ctx, pinned, o, inUse...)
-	if err != nil {
-		return "", "", err
+	c.use(digest) // before the pull, so its own eviction keeps it
+	p, err := c.Pull(ctx, pinned, o)
+	if err == nil && p.Digest != digest {
+		err = fmt.Errorf("%s is %s, not the %s the job was given", ref, p.Digest, digest)
 	}
-	if p.Digest != digest {
-		return "", "", fmt.Errorf("%s is %s, not the %s the job was given", ref, p.Digest, digest)
+	if err != nil {
+		c.Release(digest)
+		return "", "", err
 	}
 	return p.Dir, p.File, nil
 }
@@ -122,6 +165,20 @@ func (c *Cache) Pull(ctx context.Context, ref string, o Options, inUse ...string
 	blobs := filepath.Join(c.Root, "blobs", "sha256")
 	if err := os.MkdirAll(blobs, 0o755); err != nil {
 		return nil, err
+	}
+	if c.MaxBytes > 0 && a.Size > c.MaxBytes {
+		return nil, fmt.Errorf("%s is %d bytes, more than this node's model cache holds (%d; kiln agent --model-cache-gib)", ref, a.Size, c.MaxBytes)
+	}
+	var need int64
+	for _, f := range a.Config.Files {
+		fh, _ := v1.NewHash(f.Digest)
+		if fi, err := os.Stat(filepath.Join(blobs, fh.Hex)); err != nil || fi.Size() != f.Size {
+			need += f.Size
+		}
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(blobs, &fs); err == nil && int64(fs.Bavail)*int64(fs.Bsize) < need {
+		return nil, fmt.Errorf("%s needs %d bytes more on the node, and %s has %d free", ref, need, c.Root, int64(fs.Bavail)*int64(fs.Bsize))
 	}
 	defer c.hold(a.Config.Files)()
 	r, _ := o.ref(ref)
@@ -254,7 +311,8 @@ func fetchBlob(ctx context.Context, r io.Reader, blob, hexDigest string, size in
 
 // Evict removes the least recently used models, and the blobs no model
 // holds any more, until the blobs fit MaxBytes; the models keep names (by
-// digest) stay. It returns the bytes freed.
+// digest) and those in use (PullPinned, not yet Released) stay. It returns
+// the bytes freed.
 func (c *Cache) Evict(keep ...string) (int64, error) {
 	kept := map[string]bool{}
 	for _, d := range keep {
@@ -291,11 +349,13 @@ func (c *Cache) Evict(keep ...string) (int64, error) {
 		used time.Time
 	}
 	var ms []model
+	c.mu.Lock()
 	for _, e := range es {
-		if fi, err := e.Info(); err == nil && fi.IsDir() && !strings.HasPrefix(e.Name(), ".") && !kept[e.Name()] {
+		if fi, err := e.Info(); err == nil && fi.IsDir() && !strings.HasPrefix(e.Name(), ".") && !kept[e.Name()] && c.using[e.Name()] == 0 {
 			ms = append(ms, model{e.Name(), fi.ModTime()})
 		}
 	}
+	c.mu.Unlock()
 	sort.Slice(ms, func(i, j int) bool { return ms[i].used.Before(ms[j].used) })
 	for _, m := range ms {
 		if c.MaxBytes <= 0 || total <= c.MaxBytes {

@@ -75,3 +75,34 @@ func TestEvictLeavesPullsUnderWay(t *testing.T) {
 		t.Error("the blob stayed after its pull ended")
 	}
 }
+
+// A model in use (PullPinned, not yet Released) is never evicted.
+func TestEvictLeavesModelsInUse(t *testing.T) {
+	c := &Cache{Root: t.TempDir(), MaxBytes: 1}
+	used, idle := strings.Repeat("1", 64), strings.Repeat("2", 64)
+	for _, h := range []string{used, idle} {
+		if err := os.MkdirAll(filepath.Join(c.Root, "models", h), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.MkdirAll(filepath.Join(c.Root, "blobs", "sha256"), 0o755)
+	os.WriteFile(filepath.Join(c.Root, "blobs", "sha256", strings.Repeat("3", 64)), []byte("xx"), 0o444)
+	c.use("sha256:" + used)
+	if _, err := c.Evict(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(c.Root, "models", used)); err != nil {
+		t.Errorf("the model in use was evicted: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(c.Root, "models", idle)); err == nil {
+		t.Error("the idle model was kept")
+	}
+	c.Release("sha256:" + used)
+	os.WriteFile(filepath.Join(c.Root, "blobs", "sha256", strings.Repeat("4", 64)), []byte("xx"), 0o444)
+	if _, err := c.Evict(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(c.Root, "models", used)); err == nil {
+		t.Error("the released model was kept past the bound")
+	}
+}

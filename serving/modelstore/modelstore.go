@@ -126,6 +126,18 @@ func Files(m serving.Model) (root string, files []string, err error) {
 	if !st.IsDir() {
 		return filepath.Dir(m.Path), []string{filepath.Base(m.Path)}, nil
 	}
+	// Links may point into the model's folder, or, as Hugging Face's cache
+	// lays a snapshot out (models--org--name/snapshots/REV/file ->
+	// ../../blobs/SHA), into its repository's folder; anywhere else they
+	// might carry the pusher's other files to the registry.
+	base, err := filepath.EvalSymlinks(m.Path)
+	if err != nil {
+		return "", nil, err
+	}
+	allowed := []string{base}
+	if filepath.Base(filepath.Dir(base)) == "snapshots" {
+		allowed = append(allowed, filepath.Dir(filepath.Dir(base)))
+	}
 	err = filepath.WalkDir(m.Path, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -139,6 +151,21 @@ func Files(m serving.Model) (root string, files []string, err error) {
 		}
 		if d.IsDir() {
 			return nil
+		}
+		if d.Type()&os.ModeSymlink != 0 {
+			target, err := filepath.EvalSymlinks(p)
+			if err != nil {
+				return err
+			}
+			inside := false
+			for _, a := range allowed {
+				if target == a || strings.HasPrefix(target, a+string(filepath.Separator)) {
+					inside = true
+				}
+			}
+			if !inside {
+				return fmt.Errorf("%s links outside the model (to %s): kiln model push sends only the model's own files", rel, target)
+			}
 		}
 		fi, err := os.Stat(p) // a link into a cache counts as its target
 		if err != nil {

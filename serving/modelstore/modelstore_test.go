@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"kiln.dev/kiln/compat/imagetest"
+	"kiln.dev/kiln/serving"
 	"kiln.dev/kiln/serving/modeldir"
 	"kiln.dev/kiln/serving/modelstore"
 )
@@ -187,6 +188,35 @@ func TestRefusals(t *testing.T) {
 	if _, err := modelstore.Inspect(ctx, ref, modelstore.Options{}); err == nil || !strings.Contains(err.Error(), "not a kiln model") {
 		t.Errorf("an image: %v", err)
 	}
+
+	// A node pulls only from the registries its admin names, and nothing
+	// larger than its cache.
+	file := filepath.Join(t.TempDir(), "m.gguf")
+	write(t, file, append([]byte("GGUF"), random(t, 64<<10)...))
+	mref := reg.Host + "/models/m:v1"
+	digest, err := modelstore.Push(ctx, modelstoreModel(file, 64<<10+4), mref, modelstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cache modelstore.Cache
+		want  string
+	}{
+		{modelstore.Cache{Root: t.TempDir()}, "from no registry"},
+		{modelstore.Cache{Root: t.TempDir(), Registries: []string{"registry.lab:5000"}}, "only from registry.lab:5000, not from " + reg.Host},
+		{modelstore.Cache{Root: t.TempDir(), Registries: []string{reg.Host}, MaxBytes: 1024}, "more than this node's model cache holds"},
+	} {
+		if _, _, err := tc.cache.PullPinned(ctx, mref, digest, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("registries %v, bound %d: %v", tc.cache.Registries, tc.cache.MaxBytes, err)
+		}
+	}
+	ok := &modelstore.Cache{Root: t.TempDir(), Registries: []string{reg.Host}}
+	if _, _, err := ok.PullPinned(ctx, mref, "sha256:"+strings.Repeat("0", 64), nil); err == nil || !strings.Contains(err.Error(), strings.Repeat("0", 64)) {
+		t.Errorf("a digest the registry does not hold: %v", err)
+	}
+	if dir, _, err := ok.PullPinned(ctx, mref, digest, nil); err != nil || dir == "" {
+		t.Errorf("an allowed pull: %q, %v", dir, err)
+	}
 }
 
 func TestParseConfig(t *testing.T) {
@@ -272,5 +302,29 @@ func TestPullVerifies(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(cache.Root, "models", strings.TrimPrefix(digest, "sha256:"))); err == nil {
 		t.Error("the model's folder exists")
+	}
+}
+
+// A link out of the model is refused before anything is read; links into
+// a Hugging Face cache's blobs are followed.
+func TestFilesLinks(t *testing.T) {
+	root := t.TempDir()
+	repo := filepath.Join(root, "models--org--tiny")
+	snap := filepath.Join(repo, "snapshots", "abc123")
+	write(t, filepath.Join(repo, "blobs", "sha1"), []byte(llamaConfig))
+	write(t, filepath.Join(snap, "dummy"), []byte("x"))
+	if err := os.Symlink("../../blobs/sha1", filepath.Join(snap, "config.json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, files, err := modelstore.Files(serving.Model{Path: snap}); err != nil || len(files) != 2 {
+		t.Errorf("a Hugging Face snapshot: %v, %v", files, err)
+	}
+	secret := filepath.Join(root, "client.json")
+	write(t, secret, []byte(`{"token":"kiln_secret"}`))
+	if err := os.Symlink(secret, filepath.Join(snap, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := modelstore.Files(serving.Model{Path: snap}); err == nil || !strings.Contains(err.Error(), "links outside the model") {
+		t.Errorf("a link to the pusher's token file: %v", err)
 	}
 }
