@@ -52,8 +52,9 @@ func BenchmarkServeRouting(b *testing.B) {
 	}
 	port := ports[0]
 	ctx := context.Background()
+	model := b.TempDir() // the engine reads the model's folder
 	l, err := alice.CreateLease(ctx, api.LeaseRequest{Project: "default", GPUs: 1,
-		Job: &api.JobSpec{Command: []string{os.Args[0], "-test.run=^TestHelperServeEngine$", enginetest.Arg, enginetest.Serve, strconv.Itoa(port), "bench", "/models/bench"},
+		Job: &api.JobSpec{Command: []string{os.Args[0], "-test.run=^TestHelperServeEngine$", enginetest.Arg, enginetest.Serve, strconv.Itoa(port), "bench", model},
 			Ports: []int{port}},
 		Serve: &api.ServeSpec{Model: "bench", Port: port, Ready: "/health"}})
 	if err != nil {
