@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -344,6 +346,15 @@ func waitServing(ctx context.Context, c *api.Client, l *api.Lease, wait time.Dur
 		}
 	}()
 	jobs := len(l.Jobs)
+	// On a terminal, the engine's latest log line (the model's pull, its
+	// loading) shows beside the wait.
+	var latest atomic.Value
+	latest.Store("")
+	if tty && len(l.Jobs) > 0 {
+		fctx, stopFollow := context.WithCancel(ctx)
+		defer stopFollow()
+		go followLatest(fctx, c, l.Jobs[len(l.Jobs)-1], &latest)
+	}
 	for {
 		if l.Deployment != nil && l.Deployment.State == api.DeployReady {
 			return l, nil
@@ -377,18 +388,41 @@ func waitServing(ctx context.Context, c *api.Client, l *api.Lease, wait time.Dur
 			line := fmt.Sprintf("starting, %s", time.Since(start).Round(time.Second))
 			if l.Deployment != nil && l.Deployment.Reason != "" {
 				line += " -- " + l.Deployment.Reason
+			} else if last := latest.Load().(string); last != "" {
+				line += " -- " + last
 			}
-			line = printable(line)
+			line = truncText(printable(line), max(terminalWidth()-1, 20))
 			if line != shown {
 				fmt.Fprintf(progress, "\r\x1b[K%s", line)
 				shown = line
 			}
 		}
-		next, err := c.GetLease(ctx, l.ID, api.LeaseWait{Since: api.LeaseVersion(l), For: min(left, 5*time.Second)})
+		poll := 5 * time.Second
+		if tty {
+			poll = time.Second // the log line moves on
+		}
+		next, err := c.GetLease(ctx, l.ID, api.LeaseWait{Since: api.LeaseVersion(l), For: min(left, poll)})
 		if err != nil {
 			return l, err
 		}
 		l = next
+	}
+}
+
+// followLatest keeps the latest line of a job's log in latest until ctx
+// ends or the log does.
+func followLatest(ctx context.Context, c *api.Client, job string, latest *atomic.Value) {
+	rc, err := c.JobLogs(ctx, job, true)
+	if err != nil {
+		return
+	}
+	defer rc.Close()
+	sc := bufio.NewScanner(rc)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if t := strings.TrimSpace(sc.Text()); t != "" {
+			latest.Store(t)
+		}
 	}
 }
 
