@@ -199,12 +199,12 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		cache modelstore.Cache
+		cache *modelstore.Cache
 		want  string
 	}{
-		{modelstore.Cache{Root: t.TempDir()}, "from no registry"},
-		{modelstore.Cache{Root: t.TempDir(), Registries: []string{"registry.lab:5000"}}, "only from registry.lab:5000, not from " + reg.Host},
-		{modelstore.Cache{Root: t.TempDir(), Registries: []string{reg.Host}, MaxBytes: 1024}, "more than this node's model cache holds"},
+		{&modelstore.Cache{Root: t.TempDir()}, "from no registry"},
+		{&modelstore.Cache{Root: t.TempDir(), Registries: []string{"registry.lab:5000"}}, "only from registry.lab:5000, not from " + reg.Host},
+		{&modelstore.Cache{Root: t.TempDir(), Registries: []string{reg.Host}, MaxBytes: 1024}, "more than this node's model cache holds"},
 	} {
 		if _, _, err := tc.cache.PullPinned(ctx, mref, digest, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("registries %v, bound %d: %v", tc.cache.Registries, tc.cache.MaxBytes, err)
