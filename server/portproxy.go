@@ -52,6 +52,12 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 		},
 		Transport:     s.proxies.transport(s, proxyKey{user: c.user.ID, node: node, job: job, port: port}),
 		FlushInterval: -1, // streamed answers go out as they come
+		ModifyResponse: func(resp *http.Response) error {
+			// The job's page may keep cookies of its own, never one of
+			// kiln's names: those are the viewer's sessions.
+			dropKilnSetCookies(resp.Header)
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeErr(w, http.StatusBadGateway, fmt.Errorf("port %d of job %s on node %s: %w", port, job, node, err))
 		},
@@ -118,6 +124,19 @@ func (p *proxyPool) endJob(job string) {
 	p.mu.Unlock()
 	for _, t := range ended {
 		go t.CloseIdleConnections()
+	}
+}
+
+// dropKilnSetCookies removes the Set-Cookie lines of an answer that name
+// one of kiln's cookies (kiln_...).
+func dropKilnSetCookies(h http.Header) {
+	lines := h.Values("Set-Cookie")
+	h.Del("Set-Cookie")
+	for _, line := range lines {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), "=")
+		if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(name)), "kiln_") {
+			h.Add("Set-Cookie", line)
+		}
 	}
 }
 

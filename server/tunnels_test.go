@@ -173,6 +173,17 @@ func TestTunnels(t *testing.T) {
 		!strings.Contains(hdrs, "X-Forwarded-Prefix: /v1/leases/"+l.ID+"/ports/"+strconv.Itoa(httpPort)+"/http") {
 		t.Errorf("the job got these headers through the HTTP path (%d):\n%s", code, hdrs)
 	}
+	// The job's page keeps its own cookie, and cannot set one of kiln's.
+	creq, _ := http.NewRequest("GET", base+"/cookies", nil)
+	creq.Header.Set("Authorization", "Bearer "+alice.Token)
+	cresp, err := alice.HTTP.Do(creq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cresp.Body.Close()
+	if set := strings.Join(cresp.Header.Values("Set-Cookie"), "\n"); strings.Contains(set, "kiln_ui_session") || !strings.Contains(set, "app_session=kept") {
+		t.Errorf("the job's cookies through the HTTP path:\n%s", set)
+	}
 	if code, body := get(alice, "/events"); code != 200 || strings.Count(body, "data: event") != len(tunneltest.Events) {
 		t.Errorf("server-sent events through the HTTP path: %d %q", code, body)
 	}

@@ -48,6 +48,13 @@ func Serve() error {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s%s\n", Page, r.URL.Path)
 	})
+	// A job's page setting a cookie of its own and one of kiln's names
+	// (the web page's session), as a tenant's page may try.
+	mux.HandleFunc("/cookies", func(w http.ResponseWriter, r *http.Request) {
+		http.SetCookie(w, &http.Cookie{Name: "kiln_ui_session", Value: "planted", Path: "/ui/"})
+		http.SetCookie(w, &http.Cookie{Name: "app_session", Value: "kept", Path: "/"})
+		fmt.Fprintln(w, "cookies set")
+	})
 	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) {
 		_ = r.Header.Write(w)
 	})
