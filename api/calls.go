@@ -662,3 +662,17 @@ func (c *Client) ServeTests(ctx context.Context, model string) ([]ServeTest, err
 	}
 	return out.Tests, nil
 }
+
+// ServeUsage lists what the endpoint routed per project, model and day for
+// the caller's projects, over the last days days.
+func (c *Client) ServeUsage(ctx context.Context, days int) ([]ServeUsageRow, error) {
+	q := url.Values{}
+	if days > 0 {
+		q.Set("days", strconv.Itoa(days))
+	}
+	var out ServeUsageList
+	if err := c.call(ctx, "GET", q, nil, &out, "/v1/serve/usage"); err != nil {
+		return nil, err
+	}
+	return out.Usage, nil
+}

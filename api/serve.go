@@ -192,3 +192,17 @@ type ServeLoad struct {
 type ServeTestList struct {
 	Tests []ServeTest `json:"tests"`
 }
+
+// ServeUsageRow is what the endpoint routed for one project's model on one
+// day (UTC), kept by the server.
+type ServeUsageRow struct {
+	Project string     `json:"project"`
+	Model   string     `json:"model"`
+	Day     string     `json:"day"`
+	Usage   ServeUsage `json:"usage"`
+}
+
+// ServeUsageList is kept usage, newest day first.
+type ServeUsageList struct {
+	Usage []ServeUsageRow `json:"usage"`
+}

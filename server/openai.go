@@ -191,11 +191,11 @@ func (s *Server) openAIProxy(w http.ResponseWriter, r *http.Request) {
 			resp.Header.Set("Content-Security-Policy", "sandbox; default-src 'none'")
 			resp.Header.Set("X-Content-Type-Options", "nosniff")
 			resp.Body = &usageReader{rc: resp.Body, stream: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"),
-				done: func(prompt, compl int64) { s.deploys.count(t.lease, resp.StatusCode >= 400, prompt, compl) }}
+				done: func(prompt, compl int64) { s.deploys.count(t, resp.StatusCode >= 400, prompt, compl, time.Now()) }}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			s.deploys.count(t.lease, true, 0, 0)
+			s.deploys.count(t, true, 0, 0, time.Now())
 			openAIError(w, http.StatusBadGateway, "server_error", "engine_unreachable", "the engine of %s (lease %s on node %s) did not answer: %v", t.model, t.lease, t.node, err)
 		},
 	}

@@ -87,6 +87,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/serve/choose", authUser, s.serveChoose},
 		{"POST", "/v1/leases/{id}/serve-tests", authUser, s.addServeTest},
 		{"GET", "/v1/serve-tests", authUser, s.listServeTests},
+		{"GET", "/v1/serve/usage", authUser, s.serveUsage},
 		{"GET", "/openai/v1/models", authUser, s.openAIModels},
 		{"POST", "/openai/v1/chat/completions", authUser, s.openAIProxy},
 		{"POST", "/openai/v1/completions", authUser, s.openAIProxy},

@@ -38,6 +38,56 @@ type deployments struct {
 	mu sync.Mutex
 	m  map[string]*deployState
 	rr uint64 // round robin over replicas
+	// pending is the usage not yet kept, by project, model and day.
+	pending map[usageKey]api.ServeUsage
+}
+
+type usageKey struct{ project, model, day string }
+
+// deployUsageFlush is how often the endpoint's usage is written to the
+// store (and when the server stops).
+const deployUsageFlush = 5 * time.Second
+
+// takeUsage hands over the usage not yet kept.
+func (d *deployments) takeUsage() map[usageKey]api.ServeUsage {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pending
+	d.pending = nil
+	return p
+}
+
+// keepUsage writes the usage not yet kept; what cannot be written is kept
+// for the next time.
+func (s *Server) keepUsage(ctx context.Context) {
+	p := s.deploys.takeUsage()
+	if len(p) == 0 {
+		return
+	}
+	err := s.st.Update(ctx, func(tx *store.Tx) error {
+		for k, u := range p {
+			if err := tx.AddServeUsage(k.project, k.model, k.day, u); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("keeping the endpoint's usage", "err", err)
+		s.deploys.mu.Lock()
+		if s.deploys.pending == nil {
+			s.deploys.pending = map[usageKey]api.ServeUsage{}
+		}
+		for k, u := range p {
+			s.deploys.pending[k] = addUsage(s.deploys.pending[k], u)
+		}
+		s.deploys.mu.Unlock()
+	}
+}
+
+func addUsage(a, b api.ServeUsage) api.ServeUsage {
+	return api.ServeUsage{Requests: a.Requests + b.Requests, Errors: a.Errors + b.Errors,
+		PromptTokens: a.PromptTokens + b.PromptTokens, CompletionTokens: a.CompletionTokens + b.CompletionTokens}
 }
 
 type deployState struct {
@@ -73,20 +123,23 @@ func (d *deployments) next(n int) int {
 	return int(d.rr % uint64(n))
 }
 
-// count adds one routed request's outcome.
-func (d *deployments) count(id string, failed bool, prompt, completion int64) {
+// count adds one routed request's outcome, to its deployment and to its
+// project's usage of the day.
+func (d *deployments) count(t serveTarget, failed bool, prompt, completion int64, now time.Time) {
+	u := api.ServeUsage{Requests: 1, PromptTokens: prompt, CompletionTokens: completion}
+	if failed {
+		u.Errors = 1
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	st := d.m[id]
-	if st == nil {
-		return
+	if d.pending == nil {
+		d.pending = map[usageKey]api.ServeUsage{}
 	}
-	st.Usage.Requests++
-	if failed {
-		st.Usage.Errors++
+	k := usageKey{t.project, t.model, now.UTC().Format(time.DateOnly)}
+	d.pending[k] = addUsage(d.pending[k], u)
+	if st := d.m[t.lease]; st != nil {
+		st.Usage = addUsage(st.Usage, u)
 	}
-	st.Usage.PromptTokens += prompt
-	st.Usage.CompletionTokens += completion
 }
 
 // probed records a readiness check; it says whether the state changed.
@@ -190,13 +243,19 @@ func (s *Server) prober(ctx context.Context) {
 	defer s.loopWG.Done()
 	t := time.NewTicker(deployProbeEvery)
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
+			s.keepUsage(context.Background()) // the store closes after this loop
 			return
 		case <-t.C:
 		}
 		s.probeDeployments(ctx)
+		if time.Since(last) >= deployUsageFlush {
+			s.keepUsage(ctx)
+			last = time.Now()
+		}
 	}
 }
 
@@ -522,4 +581,31 @@ func (s *Server) listServeTests(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.ServeTestList{Tests: out})
+}
+
+// serveUsage lists the endpoint's kept usage for the caller's projects.
+func (s *Server) serveUsage(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	days, err := queryFloat(r, "days", 1, 3660, 30)
+	if err != nil {
+		writeErr(w, 0, err)
+		return
+	}
+	s.keepUsage(r.Context()) // what was routed until now
+	since := time.Now().UTC().AddDate(0, 0, -int(days)+1).Format(time.DateOnly)
+	var projects []string
+	if !c.admin() {
+		projects = append([]string{"\x00none"}, c.user.Projects...)
+	}
+	var out []api.ServeUsageRow
+	err = s.st.View(r.Context(), func(tx *store.Tx) error {
+		var err error
+		out, err = tx.ServeUsage(projects, since)
+		return err
+	})
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.ServeUsageList{Usage: out})
 }

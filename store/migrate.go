@@ -107,6 +107,18 @@ ALTER TABLE join_tokens ADD COLUMN revoked_at TEXT NOT NULL DEFAULT '';`,
 	data TEXT NOT NULL
 );
 CREATE INDEX serve_tests_project ON serve_tests(project, model, at);`,
+	// 5: what the OpenAI-compatible endpoint routed, per project, model
+	// and day (UTC).
+	`CREATE TABLE serve_usage (
+	project TEXT NOT NULL,
+	model TEXT NOT NULL,
+	day TEXT NOT NULL,
+	requests INTEGER NOT NULL DEFAULT 0,
+	errors INTEGER NOT NULL DEFAULT 0,
+	prompt_tokens INTEGER NOT NULL DEFAULT 0,
+	completion_tokens INTEGER NOT NULL DEFAULT 0,
+	PRIMARY KEY (project, model, day)
+);`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {

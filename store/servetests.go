@@ -109,3 +109,32 @@ func (t *Tx) ServeTestCount(leaseID string) (int, error) {
 	err := t.tx.QueryRowContext(t.ctx, `SELECT COUNT(*) FROM serve_tests WHERE lease_id=?`, leaseID).Scan(&n)
 	return n, err
 }
+
+// AddServeUsage adds what the endpoint routed for a project's model on a
+// day (YYYY-MM-DD, UTC) to what is kept.
+func (t *Tx) AddServeUsage(project, model, day string, u api.ServeUsage) error {
+	return t.exec(`INSERT INTO serve_usage(project,model,day,requests,errors,prompt_tokens,completion_tokens) VALUES(?,?,?,?,?,?,?)
+ON CONFLICT(project,model,day) DO UPDATE SET requests=requests+excluded.requests, errors=errors+excluded.errors,
+prompt_tokens=prompt_tokens+excluded.prompt_tokens, completion_tokens=completion_tokens+excluded.completion_tokens`,
+		project, model, day, u.Requests, u.Errors, u.PromptTokens, u.CompletionTokens)
+}
+
+// ServeUsage lists what the endpoint routed per project, model and day,
+// from day since on, of the projects (empty: all); newest day first.
+func (t *Tx) ServeUsage(projects []string, since string) ([]api.ServeUsageRow, error) {
+	q, args := inClause(`SELECT project,model,day,requests,errors,prompt_tokens,completion_tokens FROM serve_usage WHERE day>=?`, []any{since}, "project", projects)
+	rows, err := t.tx.QueryContext(t.ctx, q+` ORDER BY day DESC, project, model LIMIT 10000`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []api.ServeUsageRow{}
+	for rows.Next() {
+		var r api.ServeUsageRow
+		if err := rows.Scan(&r.Project, &r.Model, &r.Day, &r.Usage.Requests, &r.Usage.Errors, &r.Usage.PromptTokens, &r.Usage.CompletionTokens); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}

@@ -69,3 +69,46 @@ func TestServeTests(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Usage adds up per project, model and day, and lists by project.
+func TestServeUsage(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "kiln.db"))
+	defer s.Close()
+	ctx := context.Background()
+	err := s.Update(ctx, func(tx *Tx) error {
+		for _, r := range []api.ServeUsageRow{
+			usageRow("p", "m", "2026-12-05", api.ServeUsage{Requests: 2, Errors: 1, PromptTokens: 10, CompletionTokens: 20}),
+			usageRow("p", "m", "2026-12-05", api.ServeUsage{Requests: 3, PromptTokens: 5, CompletionTokens: 7}),
+			usageRow("p", "m", "2026-12-06", api.ServeUsage{Requests: 1}),
+			usageRow("q", "m", "2026-12-06", api.ServeUsage{Requests: 9}),
+			usageRow("p", "m", "2026-11-01", api.ServeUsage{Requests: 4}),
+		} {
+			if err := tx.AddServeUsage(r.Project, r.Model, r.Day, r.Usage); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(ctx, func(tx *Tx) error {
+		got, err := tx.ServeUsage([]string{"p"}, "2026-12-01")
+		if err != nil {
+			return err
+		}
+		want := []api.ServeUsageRow{
+			usageRow("p", "m", "2026-12-06", api.ServeUsage{Requests: 1}),
+			usageRow("p", "m", "2026-12-05", api.ServeUsage{Requests: 5, Errors: 1, PromptTokens: 15, CompletionTokens: 27}),
+		}
+		same(t, "p's usage", got, want)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func usageRow(project, model, day string, u api.ServeUsage) api.ServeUsageRow {
+	return api.ServeUsageRow{Project: project, Model: model, Day: day, Usage: u}
+}

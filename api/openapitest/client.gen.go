@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/oapi-codegen/runtime"
+	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
 // Defines values for ConstraintsVendor.
@@ -1360,6 +1361,12 @@ type ListServeTestsParams struct {
 	Model *string `form:"model,omitempty" json:"model,omitempty"`
 }
 
+// ServeUsageParams defines parameters for ServeUsage.
+type ServeUsageParams struct {
+	// Days the last days counted
+	Days *float32 `form:"days,omitempty" json:"days,omitempty"`
+}
+
 // OpenAIChatCompletionsJSONRequestBody defines body for OpenAIChatCompletions for application/json ContentType.
 type OpenAIChatCompletionsJSONRequestBody = OpenAIRequest
 
@@ -2151,6 +2158,16 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
 	ServeChoose(ctx context.Context, body ServeChooseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ServeUsage What the OpenAI-compatible endpoint routed, per project, model and day
+	//
+	// Requests, errors and the tokens the engines reported, per project,
+	// deployment name and day (UTC), of the caller's projects (every
+	// project for an admin), newest day first. Kept by the server: a
+	// restart loses at most the last five seconds.
+	//
+	// Corresponds with GET /v1/serve/usage (the `ServeUsage` operationId).
+	ServeUsage(ctx context.Context, params *ServeUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListTokens API tokens (admins: all; members: their own)
 	//
@@ -3363,6 +3380,26 @@ func (c *Client) ServeChooseWithBody(ctx context.Context, contentType string, bo
 // Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
 func (c *Client) ServeChoose(ctx context.Context, body ServeChooseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewServeChooseRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ServeUsage What the OpenAI-compatible endpoint routed, per project, model and day
+//
+// Requests, errors and the tokens the engines reported, per project,
+// deployment name and day (UTC), of the caller's projects (every
+// project for an admin), newest day first. Kept by the server: a
+// restart loses at most the last five seconds.
+//
+// Corresponds with GET /v1/serve/usage (the `ServeUsage` operationId).
+func (c *Client) ServeUsage(ctx context.Context, params *ServeUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewServeUsageRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -5426,6 +5463,60 @@ func NewServeChooseRequestWithBody(server string, contentType string, body io.Re
 	return req, nil
 }
 
+// NewServeUsageRequest constructs an http.Request for the ServeUsage method
+func NewServeUsageRequest(server string, params *ServeUsageParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/serve/usage")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Days != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "days", *params.Days, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "number", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListTokensRequest constructs an http.Request for the ListTokens method
 func NewListTokensRequest(server string) (*http.Request, error) {
 	var err error
@@ -6319,6 +6410,18 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/serve/choose (the `ServeChoose` operationId).
 	ServeChooseWithResponse(ctx context.Context, body ServeChooseJSONRequestBody, reqEditors ...RequestEditorFn) (*ServeChooseResponse, error)
+
+	// ServeUsageWithResponse What the OpenAI-compatible endpoint routed, per project, model and day
+	//
+	// Requests, errors and the tokens the engines reported, per project,
+	// deployment name and day (UTC), of the caller's projects (every
+	// project for an admin), newest day first. Kept by the server: a
+	// restart loses at most the last five seconds.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/serve/usage (the `ServeUsage` operationId).
+	ServeUsageWithResponse(ctx context.Context, params *ServeUsageParams, reqEditors ...RequestEditorFn) (*ServeUsageResponse, error)
 
 	// ListTokensWithResponse API tokens (admins: all; members: their own)
 	//
@@ -10248,6 +10351,106 @@ func (r ServeChooseResponse) ContentType() string {
 	return ""
 }
 
+// ServeUsageResponse429Headers the declared response headers of an HTTP 429 response for ServeUsage
+type ServeUsageResponse429Headers struct {
+	RetryAfter *int
+}
+
+type ServeUsageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *struct {
+		Usage []struct {
+			Day     openapi_types.Date `json:"day"`
+			Model   string             `json:"model"`
+			Project string             `json:"project"`
+			Usage   struct {
+				CompletionTokens int64 `json:"completion_tokens"`
+				Errors           int64 `json:"errors"`
+				PromptTokens     int64 `json:"prompt_tokens"`
+				Requests         int64 `json:"requests"`
+			} `json:"usage"`
+		} `json:"usage"`
+	}
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ServeUsageResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ServeUsageResponse) GetJSON200() *struct {
+	Usage []struct {
+		Day     openapi_types.Date `json:"day"`
+		Model   string             `json:"model"`
+		Project string             `json:"project"`
+		Usage   struct {
+			CompletionTokens int64 `json:"completion_tokens"`
+			Errors           int64 `json:"errors"`
+			PromptTokens     int64 `json:"prompt_tokens"`
+			Requests         int64 `json:"requests"`
+		} `json:"usage"`
+	} `json:"usage"`
+} {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ServeUsageResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ServeUsageResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ServeUsageResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r ServeUsageResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ServeUsageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ServeUsageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ServeUsageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ServeUsageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListTokensResponse429Headers the declared response headers of an HTTP 429 response for ListTokens
 type ListTokensResponse429Headers struct {
 	RetryAfter *int
@@ -11843,6 +12046,24 @@ func (c *ClientWithResponses) ServeChooseWithResponse(ctx context.Context, body 
 		return nil, err
 	}
 	return ParseServeChooseResponse(rsp)
+}
+
+// ServeUsageWithResponse What the OpenAI-compatible endpoint routed, per project, model and day
+//
+// Requests, errors and the tokens the engines reported, per project,
+// deployment name and day (UTC), of the caller's projects (every
+// project for an admin), newest day first. Kept by the server: a
+// restart loses at most the last five seconds.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/serve/usage (the `ServeUsage` operationId).
+func (c *ClientWithResponses) ServeUsageWithResponse(ctx context.Context, params *ServeUsageParams, reqEditors ...RequestEditorFn) (*ServeUsageResponse, error) {
+	rsp, err := c.ServeUsage(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseServeUsageResponse(rsp)
 }
 
 // ListTokensWithResponse API tokens (admins: all; members: their own)
@@ -15388,6 +15609,85 @@ func ParseServeChooseResponse(rsp *http.Response) (*ServeChooseResponse, error) 
 	switch {
 	case rsp.StatusCode == 429:
 		var headers ServeChooseResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseServeUsageResponse parses an HTTP response from a ServeUsageWithResponse call
+func ParseServeUsageResponse(rsp *http.Response) (*ServeUsageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ServeUsageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest struct {
+			Usage []struct {
+				Day     openapi_types.Date `json:"day"`
+				Model   string             `json:"model"`
+				Project string             `json:"project"`
+				Usage   struct {
+					CompletionTokens int64 `json:"completion_tokens"`
+					Errors           int64 `json:"errors"`
+					PromptTokens     int64 `json:"prompt_tokens"`
+					Requests         int64 `json:"requests"`
+				} `json:"usage"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ServeUsageResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

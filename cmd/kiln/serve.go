@@ -255,7 +255,7 @@ time, 3 when kiln could not ask or the model cannot be read.`,
 	fl.BoolVarP(&detach, "detach", "d", false, "lease and return at once; 'kiln serve ls' shows when it is ready")
 	fl.DurationVar(&wait, "wait", 15*time.Minute, "how long the engine has to answer ready (loading weights takes minutes)")
 	fl.DurationVar(&timeLimit, "time-limit", 0, "the deployment ends after this long (default: the server's)")
-	cmd.AddCommand(newServeLsCmd(), newServeStopCmd(), newServeTestCmd(), newServeTestsCmd())
+	cmd.AddCommand(newServeLsCmd(), newServeStopCmd(), newServeTestCmd(), newServeTestsCmd(), newServeUsageCmd())
 	return cmd
 }
 

@@ -307,6 +307,16 @@ func TestServe(t *testing.T) {
 	if d.State != api.DeployReady || d.Usage.Requests != 8+5+1 || d.Usage.Errors != 1 || d.Usage.PromptTokens != 3+4+2+2+3+4+2+2+5 || d.Usage.CompletionTokens != int64(replies) {
 		t.Errorf("the deployment: %+v", d)
 	}
+	// The same, kept per project and day: kiln serve usage.
+	out, stderr, code = e.kilnAs(e.member, "serve", "usage", "-o", "json")
+	var usage api.ServeUsageList
+	if code != 0 || json.Unmarshal([]byte(out), &usage) != nil || len(usage.Usage) != 1 || usage.Usage[0].Project != "default" || usage.Usage[0].Model != "tiny" ||
+		usage.Usage[0].Usage != d.Usage {
+		t.Errorf("kiln serve usage: %d %s\n%s (the deployment's: %+v)", code, stderr, out, d.Usage)
+	}
+	if out, _, code := e.kilnAs(e.victim, "serve", "usage", "-o", "json"); code != 0 || strings.Contains(out, `"project": "default"`) {
+		t.Errorf("victor sees mallory's usage: %s", out)
+	}
 	if out, _, _ := e.kilnAs(e.member, "serve", "ls"); !strings.Contains(out, "tiny") || !strings.Contains(out, "ready") {
 		t.Errorf("kiln serve ls:\n%s", out)
 	}

@@ -519,3 +519,47 @@ engine, node and GPUs the deployment ran on, to compare them.`,
 	cf.addOutput(cmd)
 	return cmd
 }
+
+func newServeUsageCmd() *cobra.Command {
+	var cf clientFlags
+	var days int
+	cmd := &cobra.Command{
+		Use:   "usage",
+		Short: "What the OpenAI-compatible endpoint routed, per project, model and day",
+		Long: `kiln serve usage lists, for your projects (every project for an admin), the
+requests, errors and tokens the endpoint routed to each deployment name, a row per
+day (UTC), newest first. The tokens are what the engines reported in their
+answers' usage. The server keeps them; a restart loses at most the last seconds.`,
+		Example: `  kiln serve usage
+  kiln serve usage --days 7 -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			rows, err := c.ServeUsage(cmd.Context(), days)
+			if err != nil {
+				return apiErr(err)
+			}
+			if cf.structured() {
+				return writeStructured(cmd.OutOrStdout(), cf.format, api.ServeUsageList{Usage: rows})
+			}
+			if len(rows) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "nothing routed")
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "DAY\tPROJECT\tMODEL\tREQUESTS\tERRORS\tPROMPT TOKENS\tCOMPLETION TOKENS")
+			for _, r := range rows {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\n", cell(r.Day), cell(r.Project), cell(r.Model),
+					r.Usage.Requests, r.Usage.Errors, r.Usage.PromptTokens, r.Usage.CompletionTokens)
+			}
+			return tw.Flush()
+		},
+	}
+	cf.add(cmd)
+	cf.addOutput(cmd)
+	cmd.Flags().IntVar(&days, "days", 30, "the last days counted")
+	return cmd
+}
