@@ -18,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln.dev/kiln/api"
-	"kiln.dev/kiln/plan"
 	"kiln.dev/kiln/serving"
 	"kiln.dev/kiln/serving/modeldir"
 	"kiln.dev/kiln/serving/modelstore"
@@ -284,7 +283,7 @@ func readServeModel(ctx context.Context, arg string, insecure bool) (api.ServeMo
 	if err != nil {
 		return api.ServeModel{}, nil, "", &exitError{code: 3, err: err}
 	}
-	return apiModel(m), nil, m.Path, nil
+	return modelstore.APIModel(m), nil, m.Path, nil
 }
 
 func derefLeases(ls []*api.Lease) []api.Lease {
@@ -293,21 +292,6 @@ func derefLeases(ls []*api.Lease) []api.Lease {
 		out[i] = *l
 	}
 	return out
-}
-
-// apiModel is what the server needs of a model read here.
-func apiModel(m serving.Model) api.ServeModel {
-	return api.ServeModel{Name: m.Name, Format: m.Format, Precision: m.Precision, WeightsBytes: m.WeightsBytes,
-		Path: m.Path, File: m.File, Shape: apiShape(m.Arch)}
-}
-
-func apiShape(a *plan.Model) *api.ModelShape {
-	if a == nil {
-		return nil
-	}
-	return &api.ModelShape{Layers: a.Layers, EncoderLayers: a.EncoderLayers, Hidden: a.Hidden, Heads: a.Heads,
-		KVHeads: a.KVHeads, HeadDim: a.HeadDim, FFN: a.FFN, Gated: a.Gated, Tied: a.Tied, Vocab: a.Vocab, Seq: a.Seq,
-		MaxSeq: a.MaxSeq, Experts: a.Experts, ExpertsPerToken: a.ExpertsPerToken, Params: a.PublishedParams}
 }
 
 func choiceLine(b api.ServeChoice) string {

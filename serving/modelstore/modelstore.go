@@ -241,10 +241,8 @@ func Push(ctx context.Context, m serving.Model, ref string, o Options) (string, 
 		}
 		total += fi.Size()
 	}
-	cfg := Config{Version: 1, Model: api.ServeModel{Name: m.Name, Format: m.Format, Precision: m.Precision, WeightsBytes: m.WeightsBytes}}
-	if m.Arch != nil {
-		cfg.Model.Shape = shapeOf(m)
-	}
+	cfg := Config{Version: 1, Model: APIModel(m)}
+	cfg.Model.Path, cfg.Model.File = "", ""
 	if m.File != "" {
 		cfg.Model.File = filepath.Base(m.File)
 	}
@@ -298,11 +296,16 @@ func Push(ctx context.Context, m serving.Model, ref string, o Options) (string, 
 	return digestOf(a.manifest).String(), nil
 }
 
-func shapeOf(m serving.Model) *api.ModelShape {
-	a := m.Arch
-	return &api.ModelShape{Layers: a.Layers, EncoderLayers: a.EncoderLayers, Hidden: a.Hidden, Heads: a.Heads,
-		KVHeads: a.KVHeads, HeadDim: a.HeadDim, FFN: a.FFN, Gated: a.Gated, Tied: a.Tied, Vocab: a.Vocab, Seq: a.Seq,
-		MaxSeq: a.MaxSeq, Experts: a.Experts, ExpertsPerToken: a.ExpertsPerToken, Params: a.PublishedParams}
+// APIModel is what kiln read of a model (serving/modeldir) in the API's
+// terms: what the server's choice and a stored model's config hold.
+func APIModel(m serving.Model) api.ServeModel {
+	out := api.ServeModel{Name: m.Name, Format: m.Format, Precision: m.Precision, WeightsBytes: m.WeightsBytes, Path: m.Path, File: m.File}
+	if a := m.Arch; a != nil {
+		out.Shape = &api.ModelShape{Layers: a.Layers, EncoderLayers: a.EncoderLayers, Hidden: a.Hidden, Heads: a.Heads,
+			KVHeads: a.KVHeads, HeadDim: a.HeadDim, FFN: a.FFN, Gated: a.Gated, Tied: a.Tied, Vocab: a.Vocab, Seq: a.Seq,
+			MaxSeq: a.MaxSeq, Experts: a.Experts, ExpertsPerToken: a.ExpertsPerToken, Params: a.PublishedParams}
+	}
+	return out
 }
 
 // hashFile is a file's sha256 and size, read once.
