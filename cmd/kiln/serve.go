@@ -60,7 +60,9 @@ Your own engine: --image REF (with --port and --ready), or a command after --,
 run as a process on the node. In the engine's command kiln fills {model} (the
 folder or GGUF file), {model_file} (the GGUF file), {name}, {port}, {tp} (the
 GPUs) and {context}. --process runs a catalogue engine's own command on the node,
-where it is installed, instead of its image.
+where it is installed, instead of its image. An engine image sees a model of the
+registry read-only at /model, and no other file of the node: a model at a path
+is served by engines run there as processes (--process, or your command).
 
 An engine that ends while its deployment is granted is started again by the
 server after a backoff (1 s, doubling with each quick failure in a row, at most
@@ -68,10 +70,13 @@ server after a backoff (1 s, doubling with each quick failure in a row, at most
 
 Once ready, every member of the project reaches the model at
 SERVER/openai/v1 (chat/completions, completions, embeddings, models) with their
-kiln token as the API key and --name as the model. Deployments of one name by
-one user are replicas, taken in turn. 'kiln serve ls' lists deployments with
-their state and the requests and tokens routed to them; 'kiln serve stop NAME'
-ends them; 'kiln logs JOB' shows an engine's output.
+kiln token as the API key and --name as the model (a name routes inside one
+project: who sees it served in several names one in the OpenAI-Project header).
+Deployments of one name by one user are replicas (--replicas), taken in turn.
+'kiln serve ls' lists deployments with their state and the requests and tokens
+routed to them, 'kiln serve usage' the same per project and day; 'kiln serve stop
+NAME' ends them; 'kiln serve test NAME' tests one through the endpoint; 'kiln logs
+JOB' shows an engine's output.
 
 When the engine does not answer ready within --wait, or exits, kiln serve prints
 its last log lines and ends the lease.
